@@ -1,0 +1,5 @@
+import sys
+
+from exactspec.cli import main
+
+sys.exit(main())
