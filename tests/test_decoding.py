@@ -1,0 +1,266 @@
+"""The decoding engine on tiny random-weight models: greedy identity, distribution identity,
+cache reuse, budgets, EOS and bad input."""
+import itertools
+
+import pytest
+import torch
+from scipy import stats
+
+import exactspec as es
+from exactspec.drafters import ModelDrafter, NGramDrafter
+from conftest import make_tiny_llama
+
+ALPHA = 1e-6  # false-failure rate of each statistical test (fixed seeds make it repeatable)
+PROMPTS = [[1, 5, 9, 5, 9, 5], [1, 20, 21, 22, 20, 21], [1, 7]]
+
+
+def ids(tokens):
+    return torch.tensor([tokens])
+
+
+def hf_greedy(model, prompt, n):
+    """Transformers' own greedy decoding of n tokens, not stopping at EOS."""
+    model.generation_config.eos_token_id = None  # the tiny models are built afresh per test
+    out = model.generate(ids(prompt), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False, pad_token_id=2)
+    assert out.size(1) == len(prompt) + n
+    return out[0].tolist()
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_greedy_speculative_matches_target_greedy(tiny_pair, gamma, method):
+    target, draft = tiny_pair
+    for prompt in PROMPTS:
+        expected = hf_greedy(target, prompt, 24)
+        plain = es.autoregressive_generate(target, ids(prompt), max_new_tokens=24, temperature=0,
+                                           eos_token_id=[])
+        assert plain.sequences[0].tolist() == expected
+        for drafter in (draft, NGramDrafter()):
+            out = es.speculative_generate(target, drafter, ids(prompt), gamma=gamma,
+                                          max_new_tokens=24, temperature=0, eos_token_id=[],
+                                          method=method)
+            assert out.sequences[0].tolist() == expected
+
+
+# --------------------------------------------------------------------------- distribution
+
+
+def target_joint(target, prompt, length, sampling):
+    """Exact P(first `length` tokens) under the target's decoding distribution, by enumeration
+    (each level of the tree in one batched forward pass). Returns {tokens: probability}."""
+    joint = {(): 1.0}
+    for _ in range(length):
+        prefixes = [k for k, v in joint.items() if v > 0]
+        batch = torch.tensor([prompt + list(k) for k in prefixes])
+        with torch.no_grad():
+            probs = sampling.probs(target(batch).logits[:, -1].double())  # [N, V]
+        joint = {k + (t,): joint[k] * probs[i, t].item()
+                 for i, k in enumerate(prefixes) for t in range(probs.size(1))}
+    return joint
+
+
+def chi_square_pvalue(counts: dict, probs: dict, min_expected=5.0):
+    """Chi-square of observed against exact probabilities; cells expected below min_expected are
+    pooled into one. A token sequence with probability 0 that shows up fails outright."""
+    n = sum(counts.values())
+    assert all(probs.get(k, 0) > 0 for k in counts), "a zero-probability sequence was generated"
+    observed, expected, pool_obs, pool_exp = [], [], 0, 0.0
+    for key, prob in probs.items():
+        if prob * n >= min_expected:
+            observed.append(counts.get(key, 0))
+            expected.append(prob * n)
+        else:
+            pool_obs, pool_exp = pool_obs + counts.get(key, 0), pool_exp + prob * n
+    if pool_exp > 0:
+        observed.append(pool_obs)
+        expected.append(pool_exp)
+    total = sum(expected)
+    expected = [e * n / total for e in expected]
+    return stats.chisquare(observed, expected).pvalue
+
+
+# The random tiny target is flat (largest probability ≈ 0.15), so the n-gram cases sample at a
+# lower temperature, with a prompt whose lookup proposes tokens the target likes: that way drafts
+# are often accepted and the test exercises both the accept and the correction paths.
+NGRAM_PROMPT = [1, 4, 3, 10, 7, 24, 28, 30, 3]  # suffix [3] proposes [10, 7]
+CASES = [
+    ("model", PROMPTS[2], dict(temperature=1.0)),
+    ("model", PROMPTS[2], dict(temperature=0.7, top_k=8)),
+    ("model", PROMPTS[2], dict(temperature=1.3, top_p=0.8)),
+    ("ngram", NGRAM_PROMPT, dict(temperature=0.5)),
+    ("ngram", NGRAM_PROMPT, dict(temperature=0.5, top_k=6)),
+    ("ngram", NGRAM_PROMPT, dict(temperature=0.6, top_p=0.7)),
+]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest (and least disturbed by other load) on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("drafter_kind, prompt, settings", CASES,
+                         ids=["model-T1", "model-topk", "model-topp", "ngram-T.5", "ngram-topk",
+                              "ngram-topp"])
+def test_speculative_sampling_matches_target_joint(tiny_pair, drafter_kind, prompt, settings,
+                                                   method):
+    """The first 2 tokens of speculative sampling (γ = 2, 3 new tokens) follow the target's exact
+    joint distribution (chi-square, α = 1e-6)."""
+    target, draft = tiny_pair
+    joint = target_joint(target, prompt, 2, es.drafters.SamplingConfig(**settings))
+    drafter = draft if drafter_kind == "model" else NGramDrafter()
+    counts, accepted = {}, 0
+    for seed in range(1200):
+        out = es.speculative_generate(target, drafter, ids(prompt), gamma=2, max_new_tokens=3,
+                                      seed=seed, eos_token_id=[], method=method, **settings)
+        key = tuple(out.sequences[0, len(prompt): len(prompt) + 2].tolist())
+        counts[key] = counts.get(key, 0) + 1
+        accepted += out.stats.accepted_drafts
+    assert accepted > 100  # drafts were really kept, so the test exercises acceptance
+    assert chi_square_pvalue(counts, joint) > ALPHA
+
+
+# --------------------------------------------------------------------------- cache and counters
+
+
+def record_feeds(monkeypatch):
+    """Record (model, cache length before, tokens fed) for every forward pass."""
+    from exactspec.kvmodel import CachedModel
+
+    feeds, original = [], CachedModel.feed
+
+    def feed(self, tokens):
+        feeds.append((self.model, self.length, tokens.size(1)))
+        return original(self, tokens)
+
+    monkeypatch.setattr(CachedModel, "feed", feed)
+    return feeds
+
+
+def test_caches_are_reused_and_cut_back(tiny_pair, monkeypatch):
+    """Target: the prompt minus one token once, then γ'+1 tokens per round. Draft: the prompt
+    once, then per round only what it has not seen (the correction, or its last draft and the
+    bonus) and one token per further proposal. No full-sequence recomputation after prefill."""
+    target, draft = tiny_pair
+    feeds = record_feeds(monkeypatch)
+    prompt, n = PROMPTS[1], 40
+    out = es.speculative_generate(target, draft, ids(prompt), gamma=3, max_new_tokens=n,
+                                  seed=0, eos_token_id=[], method="token")
+    s = out.stats
+    assert s.output_tokens == n == s.accepted_drafts + s.corrections + s.bonus_tokens
+    assert s.corrections > 0 and s.bonus_tokens > 0  # both paths were taken
+    target_sizes = [size for model, _, size in feeds if model is target]
+    assert target_sizes[0] == len(prompt) - 1
+    assert len(target_sizes) == s.target_calls == s.rounds + 1
+    assert sum(target_sizes) == s.target_tokens_fed == len(prompt) - 1 + s.drafted_tokens + s.rounds
+    draft_sizes = [size for model, _, size in feeds if model is draft]
+    assert draft_sizes[0] == len(prompt)
+    assert set(draft_sizes[1:]) <= {1, 2}
+    assert draft_sizes.count(2) <= s.bonus_tokens  # a 2-token catch-up follows each bonus
+    assert len(draft_sizes) == s.draft_calls == s.drafted_tokens  # one pass per drafted token
+    assert sum(draft_sizes) == s.draft_tokens_fed
+    final_cache = {model: length + size for model, length, size in feeds}
+    assert final_cache[target] <= len(prompt) + n  # cropped back: never longer than the sequence
+
+
+def test_max_new_tokens_is_never_exceeded(tiny_pair):
+    target, draft = tiny_pair
+    for n in (0, 1, 2, 5, 17):
+        out = es.speculative_generate(target, draft, ids(PROMPTS[0]), gamma=8, max_new_tokens=n,
+                                      seed=n, eos_token_id=[])
+        assert out.sequences.size(1) == len(PROMPTS[0]) + n
+        assert out.stats.output_tokens == n
+
+
+def test_eos_inside_a_block_ends_the_row(tiny_pair):
+    target, draft = tiny_pair
+    prompt = PROMPTS[0]
+    greedy = hf_greedy(target, prompt, 20)[len(prompt):]
+    eos = greedy[5]  # a token the target emits at step 6
+    out = es.speculative_generate(target, draft, ids(prompt), gamma=8, max_new_tokens=20,
+                                  temperature=0, eos_token_id=eos)
+    new = out.sequences[0, len(prompt):].tolist()
+    assert new == greedy[: greedy.index(eos) + 1]
+    assert out.stats.output_tokens == len(new)
+
+
+def test_same_seed_same_output(tiny_pair):
+    target, draft = tiny_pair
+    runs = [es.speculative_generate(target, draft, ids(PROMPTS[1]), gamma=3, max_new_tokens=20,
+                                    seed=42).sequences for _ in range(2)]
+    assert torch.equal(*runs)
+    plain = [es.autoregressive_generate(target, ids(PROMPTS[1]), max_new_tokens=20,
+                                        seed=42).sequences for _ in range(2)]
+    assert torch.equal(*plain)
+
+
+def test_ngram_drafter_proposes_earlier_continuation():
+    drafter = NGramDrafter(max_ngram=3)
+    seq = torch.tensor([4, 5, 6, 7, 8, 4, 5, 6, 9, 4, 5, 6])
+    assert drafter.lookup(seq, 3).tolist() == [9, 4, 5]  # the most recent earlier match
+    assert drafter.lookup(torch.tensor([1, 2, 3]), 3).tolist() == []
+    assert drafter.lookup(torch.tensor([3, 1, 2, 3]), 5).tolist() == [1, 2, 3]
+
+
+def test_padded_embeddings_get_zero_probability(tiny_tokenizer):
+    """Target and draft with output layers padded past the 32-token vocabulary never emit a
+    padding id."""
+    from exactspec.models import LoadedModel
+
+    target = LoadedModel(make_tiny_llama(0, vocab_size=40), tiny_tokenizer, "t", torch.float32,
+                         torch.device("cpu"))
+    draft = LoadedModel(make_tiny_llama(1, vocab_size=48, num_layers=1), tiny_tokenizer, "d",
+                        torch.float32, torch.device("cpu"))
+    for seed in range(5):
+        out = es.speculative_generate(target, draft, ids(PROMPTS[2]), gamma=4, max_new_tokens=30,
+                                      seed=seed, temperature=1.5, eos_token_id=[])
+        assert out.sequences.max() < 32
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(gamma=0), r"gamma must be an integer in \[1, 32\], got 0"),
+    (dict(gamma=33), r"gamma must be an integer in \[1, 32\], got 33"),
+    (dict(max_new_tokens=-1), r"max_new_tokens must be an integer >= 0, got -1"),
+    (dict(temperature=-1.0), r"temperature must be a finite number >= 0, got -1.0"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
+    (dict(top_k=0), r"top_k must be an integer >= 1 or None, got 0"),
+    (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), r"the prompt is empty"),
+    (dict(max_new_tokens=200), r"exceeds the context window .* \(128 tokens\)"),
+    (dict(method="tree"), r"method must be one of"),
+])
+def test_bad_input_names_itself(tiny_pair, kwargs, message):
+    target, draft = tiny_pair
+    args = dict(input_ids=ids(PROMPTS[0]), gamma=4, max_new_tokens=5) | kwargs
+    with pytest.raises(ValueError, match=message):
+        es.speculative_generate(target, draft, args.pop("input_ids"), **args)
+
+
+def test_incompatible_vocabularies_are_refused(tiny_pair, tiny_tokenizer):
+    from conftest import make_tiny_tokenizer
+    from exactspec.models import LoadedModel
+
+    target, draft = tiny_pair
+    cpu = torch.device("cpu")
+    other = make_tiny_tokenizer(prefix="v")
+    with pytest.raises(ValueError, match="vocabular"):
+        es.speculative_generate(LoadedModel(target, tiny_tokenizer, "t", torch.float32, cpu),
+                                LoadedModel(draft, other, "d", torch.float32, cpu),
+                                ids(PROMPTS[0]), gamma=2, max_new_tokens=3)
+    with pytest.raises(ValueError, match="different vocabularies"):
+        es.speculative_generate(target, make_tiny_llama(1, vocab_size=40), ids(PROMPTS[0]),
+                                gamma=2, max_new_tokens=3)
+
+
+def test_nan_logits_name_the_model_and_position(tiny_pair):
+    target, draft = tiny_pair
+    draft.lm_head.weight.data[5] = float("nan")  # a broken output row: NaN logits everywhere
+    with pytest.raises(ValueError, match=r"model .* produced NaN or \+inf logits at position 0"):
+        es.speculative_generate(target, draft, ids(PROMPTS[0]), gamma=2, max_new_tokens=3)
