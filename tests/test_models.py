@@ -372,3 +372,43 @@ def test_gguf_path_converts_like_the_bundled_model(bundled_pair, tmp_path):
         torch.testing.assert_close(loaded.model(ids).logits, target.model(ids).logits, rtol=0, atol=0)
     assert loaded.tokenizer.get_vocab() == target.tokenizer.get_vocab()
     assert len(cache_entries()) == 1
+
+
+def test_load_hub_id_from_local_cache(tmp_path, monkeypatch):
+    """A hub id found in the local Hugging Face cache loads offline, without the network."""
+    import huggingface_hub.constants
+
+    hub = tmp_path / "hub"
+    snapshot = hub / "models--tiny-org--tiny-llama" / "snapshots" / ("0" * 40)
+    original = save_tiny(snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+
+    loaded = load_model("tiny-org/tiny-llama@bfloat16", device="cpu")
+    assert loaded.name == "tiny-org/tiny-llama" and loaded.model.dtype == torch.bfloat16
+    assert loaded.tokenizer.get_vocab() == make_tiny_tokenizer().get_vocab()
+    torch.testing.assert_close(loaded.model.model.embed_tokens.weight,
+                               original.model.embed_tokens.weight.to(torch.bfloat16))
+
+
+def test_hub_id_is_looked_up_online_only_when_allowed(monkeypatch):
+    import transformers
+
+    calls = []
+
+    def fake_from_pretrained(name, **kwargs):
+        calls.append(kwargs.get("local_files_only", False))
+        raise OSError("We couldn't connect to 'https://huggingface.co'\nmore detail")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", fake_from_pretrained)
+    with pytest.raises(ValueError, match=r"unknown model 'org/name'.*HF_HUB_OFFLINE is set"):
+        load_model("org/name", device="cpu")
+    assert calls == [True]  # the local cache only
+
+    calls.clear()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with pytest.raises(ValueError, match=r"unknown model 'org/name'.*not found in the local Hugging Face "
+                                         r"cache or on the hub \(We couldn't connect to 'https://huggingface.co'\)$"):
+        load_model("org/name", device="cpu")
+    assert calls == [True, False]  # the local cache first, then the hub
