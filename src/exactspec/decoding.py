@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from exactspec.drafters import ModelDrafter, NGramDrafter, Proposal, SamplingConfig, as_drafter
-from exactspec.kvmodel import CachedModel, context_length, unwrap_model
-from exactspec.models import check_compatible
+from exactspec.kvmodel import CachedModel, unwrap_model
+from exactspec.models import check_compatible, context_length, eos_token_ids, usable_vocab
 from exactspec.sampling import METHODS, check_sampling_args, sample, verify_block
 
 MAX_GAMMA = 32
@@ -91,26 +91,11 @@ def _check_context(model: torch.nn.Module, name: str, total: int) -> None:
                          f"{name!r} ({limit} tokens)")
 
 
-def usable_vocab(model: torch.nn.Module, tokenizer) -> int:
-    """The ids that are real tokens: the tokenizer's size, else the model's output width.
-    Embedding rows past it (padding) get zero probability in both p and q (rule 5)."""
-    width = model.get_output_embeddings().weight.size(0)
-    return min(len(tokenizer), width) if tokenizer is not None else width
-
-
 def _shared_vocab(target, drafter) -> int:
-    """The vocabulary that p and q share; refuses a draft model whose vocabulary differs."""
-    t_model, t_tokenizer, t_name = unwrap_model(target)
-    t_vocab = usable_vocab(t_model, t_tokenizer)
-    if not isinstance(drafter, ModelDrafter):
-        return t_vocab  # n-gram lookup proposes tokens of the sequence itself
-    d_vocab = usable_vocab(drafter.model, drafter.tokenizer)
-    if t_tokenizer is not None and drafter.tokenizer is not None:
-        check_compatible((t_model, t_tokenizer), (drafter.model, drafter.tokenizer))
-    elif t_vocab != d_vocab:
-        raise ValueError(f"target {t_name!r} and draft {drafter.name!r} have different "
-                         f"vocabularies ({t_vocab} and {d_vocab} output ids)")
-    return min(t_vocab, d_vocab)
+    """The vocabulary V that p and q share (rule 5); refuses a draft model whose differs."""
+    if isinstance(drafter, ModelDrafter):
+        return check_compatible(target, (drafter.model, drafter.tokenizer))
+    return usable_vocab(target)  # n-gram lookup proposes tokens of the sequence itself
 
 
 def _generator(seed: int | None, device: torch.device) -> torch.Generator:
@@ -128,11 +113,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _eos_set(eos_token_id, tokenizer) -> set[int]:
-    if eos_token_id is None and tokenizer is not None:
-        eos_token_id = tokenizer.eos_token_id
+def _eos_set(eos_token_id, target) -> set[int]:
+    """The ids that end a generation: as given, else the target's tokenizer and configs say."""
     if eos_token_id is None:
-        return set()
+        return set(eos_token_ids(target))
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
 
 
@@ -186,9 +170,9 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
     _check_generation_args(input_ids, max_new_tokens, sampling)
     model, tokenizer, name = unwrap_model(target)
     _check_context(model, name, input_ids.size(1) + max_new_tokens)
-    lm = CachedModel(model, name, usable_vocab(model, tokenizer))
+    lm = CachedModel(model, name, usable_vocab((model, tokenizer)))
     input_ids = input_ids.to(lm.device)
-    generator, eos = _generator(seed, lm.device), _eos_set(eos_token_id, tokenizer)
+    generator, eos = _generator(seed, lm.device), _eos_set(eos_token_id, (model, tokenizer))
     stats, clock, sequence = DecodeStats(), _Clock(lm.device), input_ids
     _prefill(lm, input_ids)
     while stats.output_tokens < max_new_tokens:
@@ -237,14 +221,14 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int,
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     drafter = NGramDrafter() if draft == "ngram" else as_drafter(draft)
     model, tokenizer, name = unwrap_model(target)
-    vocab = _shared_vocab(target, drafter)
+    vocab = _shared_vocab((model, tokenizer), drafter)
     total = input_ids.size(1) + max_new_tokens
     _check_context(model, name, total)
     if isinstance(drafter, ModelDrafter):
         _check_context(drafter.model, drafter.name, total)
     lm = CachedModel(model, name, vocab)
     input_ids = input_ids.to(lm.device)
-    generator, eos = _generator(seed, lm.device), _eos_set(eos_token_id, tokenizer)
+    generator, eos = _generator(seed, lm.device), _eos_set(eos_token_id, (model, tokenizer))
     stats, clock, sequence = DecodeStats(), _Clock(lm.device), input_ids
     _prefill(lm, input_ids)
     drafter.start(input_ids, vocab)

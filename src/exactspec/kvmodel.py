@@ -23,11 +23,6 @@ def unwrap_model(model) -> tuple[torch.nn.Module, object | None, str]:
     raise ValueError(f"expected a Hugging Face causal LM or a LoadedModel, got {type(model).__name__}")
 
 
-def context_length(model: torch.nn.Module) -> int | None:
-    """The model's context window (max_position_embeddings), or None where it declares none."""
-    return getattr(model.config, "max_position_embeddings", None)
-
-
 def _cache_argument(model: torch.nn.Module) -> str:
     """Transformers 5 names the cache argument `cache`; older releases `past_key_values`."""
     parameters = inspect.signature(model.forward).parameters
