@@ -1,0 +1,211 @@
+"""`exactspec generate` and `exactspec demo`: speculative decoding of real models from the shell."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from exactspec.cli import CliError, print_json, print_table
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+DEFAULT_DRAFT = "smollm2-135m-instruct@bfloat16"
+DEMO_PROMPT = "Explain in three sentences why the sky is blue."
+
+
+def register(subparsers) -> None:
+    gen = subparsers.add_parser("generate", help="generate text with speculative decoding",
+                                description="Generate text from a prompt with speculative "
+                                            "decoding (exact: same distribution as the target).")
+    gen.add_argument("prompt", help="the prompt text")
+    _add_decoding_args(gen)
+    gen.add_argument("--draft", default=DEFAULT_DRAFT,
+                     help="draft model spec NAME[@DTYPE], 'ngram' (prompt lookup) or 'none' "
+                          f"(plain decoding) (default: {DEFAULT_DRAFT})")
+    gen.add_argument("--draft-dtype", choices=("float32", "bfloat16", "float16"),
+                     help="load the draft in this dtype (overrides @DTYPE in --draft)")
+    gen.add_argument("--stream", action="store_true", help="print text as rounds finish")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.set_defaults(func=run_generate)
+
+    demo = subparsers.add_parser("demo", help="speculative vs plain decoding on the bundled model",
+                                 description="Load the bundled SmolLM2-135M-Instruct as target and "
+                                             "its bfloat16 copy as draft; answer a prompt with "
+                                             "speculative and with plain decoding; compare.")
+    demo.add_argument("--prompt", default=DEMO_PROMPT, help="the prompt (default: %(default)r)")
+    demo.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default: 4)")
+    demo.add_argument("--max-new-tokens", type=int, default=96, help="default: 96")
+    demo.add_argument("--temperature", type=float, default=0.0,
+                      help="0 (default) is greedy: both texts must then be identical")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--json", action="store_true", help="print one JSON object")
+    demo.set_defaults(func=run_demo)
+
+
+def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default=DEFAULT_TARGET,
+                        help=f"target model spec NAME_OR_PATH[@DTYPE] (default: {DEFAULT_TARGET})")
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default: 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="default: 128")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 is greedy (default: 0.8)")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None, help="a seed reproduces a run exactly")
+    parser.add_argument("--verify", choices=("block", "token"), default="block",
+                        help="verification rule: joint block (default) or token by token")
+    chat = parser.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
+                      help="apply the tokenizer's chat template (default when it has one)")
+    chat.add_argument("--no-chat", dest="chat", action="store_false")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _load(spec: str, dtype: str | None = None):
+    from exactspec.models import load_model
+
+    start = time.perf_counter()
+    loaded = load_model(spec, dtype=dtype)
+    _log(f"loaded {loaded.spec} in {time.perf_counter() - start:.1f} s")
+    return loaded
+
+
+def encode_prompt(loaded, prompt: str, chat: bool | None):
+    """Token ids [1, L] of the prompt, through the chat template when asked (or when the
+    tokenizer has one and `chat` is None)."""
+    if not prompt.strip():
+        raise CliError("the prompt is empty")
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
+        raise CliError(f"model {loaded.name!r} has no tokenizer to encode the prompt")
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if chat and not has_template:
+        raise CliError(f"--chat: the tokenizer of {loaded.name!r} has no chat template")
+    if chat or (chat is None and has_template):
+        messages = [{"role": "user", "content": prompt}]
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                return_tensors="pt")
+        return getattr(encoded, "input_ids", encoded) if not hasattr(encoded, "dim") else encoded
+    return tokenizer(prompt, return_tensors="pt").input_ids
+
+
+class TextStream:
+    """Prints the decoded text as token ids arrive (decoding the whole so far, printing the new
+    part, so multi-token characters come out whole)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.printed = tokenizer, [], ""
+
+    def __call__(self, new_ids: list[int]) -> None:
+        self.ids.extend(new_ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.startswith(self.printed):
+            sys.stdout.write(text[len(self.printed):])
+            sys.stdout.flush()
+            self.printed = text
+
+
+def _generate(target, draft, input_ids, args, on_tokens=None):
+    from exactspec.decoding import autoregressive_generate, speculative_generate
+
+    sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                    top_k=getattr(args, "top_k", None), top_p=getattr(args, "top_p", None),
+                    seed=args.seed, on_tokens=on_tokens)
+    if draft is None:
+        return autoregressive_generate(target, input_ids, **sampling)
+    return speculative_generate(target, draft, input_ids, gamma=args.gamma,
+                                method=getattr(args, "verify", "block"), **sampling)
+
+
+def _stats_rows(named_stats: dict) -> list[dict]:
+    return [{"run": name, **stats.to_dict()} for name, stats in named_stats.items()]
+
+
+STATS_COLUMNS = ["run", "output_tokens", "accepted_drafts", "drafted_tokens", "corrections",
+                 "bonus_tokens", "rounds", "target_calls", "draft_calls", "acceptance_rate",
+                 "tokens_per_round", "wall_seconds", "tokens_per_s"]
+STATS_FORMATS = {"acceptance_rate": "{:.3f}", "tokens_per_round": "{:.2f}",
+                 "wall_seconds": "{:.2f}", "tokens_per_s": "{:.1f}"}
+
+
+def run_generate(args) -> int:
+    _check_common(args)
+    target = _load(args.target)
+    draft_spec = args.draft.strip()
+    if draft_spec.lower() == "none":
+        draft = None
+    elif draft_spec.lower() == "ngram":
+        draft = "ngram"
+    else:
+        draft = _load(draft_spec, args.draft_dtype)
+    input_ids = encode_prompt(target, args.prompt, args.chat)
+    stream = TextStream(target.tokenizer) if args.stream and not args.json else None
+    out = _generate(target, draft, input_ids, args, on_tokens=stream)
+    new_ids = out.sequences[0, input_ids.size(1):].tolist()
+    text = target.tokenizer.decode(new_ids, skip_special_tokens=True)
+    if args.json:
+        print_json({"target": target.spec, "draft": _draft_name(draft), "gamma": args.gamma,
+                    "verify": args.verify, "prompt": args.prompt, "text": text,
+                    "token_ids": new_ids, "stats": out.stats.to_dict()})
+        return 0
+    print(text if stream is None else "")
+    print()
+    print_table(_stats_rows({_draft_name(draft): out.stats}), STATS_COLUMNS, STATS_FORMATS)
+    return 0
+
+
+def _draft_name(draft) -> str:
+    if draft is None or isinstance(draft, str):
+        return draft or "none"
+    return draft.spec
+
+
+def _check_common(args) -> None:
+    if not 1 <= args.gamma <= 32:
+        raise CliError(f"--gamma must be in [1, 32], got {args.gamma}")
+    if args.max_new_tokens < 0:
+        raise CliError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise CliError(f"--temperature must be >= 0, got {args.temperature}")
+    if getattr(args, "top_k", None) is not None and args.top_k < 1:
+        raise CliError(f"--top-k must be >= 1, got {args.top_k}")
+    if getattr(args, "top_p", None) is not None and not 0 < args.top_p <= 1:
+        raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
+
+
+def run_demo(args) -> int:
+    from exactspec.models import BUNDLED_MODEL
+
+    _check_common(args)
+    target, draft = _load(BUNDLED_MODEL), _load(DEFAULT_DRAFT)
+    input_ids = encode_prompt(target, args.prompt, None)
+    _log("warming up both paths ...")
+    warm = argparse.Namespace(**{**vars(args), "max_new_tokens": 8})
+    _generate(target, draft, input_ids, warm)
+    _generate(target, None, input_ids, warm)
+    runs = {}
+    for name, draft_model in (("speculative", draft), ("autoregressive", None)):
+        _log(f"{name} decoding ...")
+        runs[name] = _generate(target, draft_model, input_ids, args)
+    texts = {name: target.tokenizer.decode(out.sequences[0, input_ids.size(1):],
+                                           skip_special_tokens=True) for name, out in runs.items()}
+    stats = {name: out.stats for name, out in runs.items()}
+    speedup = stats["speculative"].tokens_per_s / stats["autoregressive"].tokens_per_s
+    identical = runs["speculative"].sequences.tolist() == runs["autoregressive"].sequences.tolist()
+    if args.json:
+        print_json({"prompt": args.prompt, "target": target.spec, "draft": draft.spec,
+                    "gamma": args.gamma, "temperature": args.temperature, "texts": texts,
+                    "identical": identical, "speedup": speedup,
+                    "stats": {name: s.to_dict() for name, s in stats.items()}})
+        return 0
+    print(f"prompt: {args.prompt}\n")
+    for name, text in texts.items():
+        print(f"--- {name} ({target.spec}" + (f" drafted by {draft.spec}, γ = {args.gamma})"
+                                                if name == "speculative" else ")"))
+        print(text.strip() + "\n")
+    print_table(_stats_rows(stats), STATS_COLUMNS, STATS_FORMATS)
+    print(f"\nspeedup (tokens/s, speculative / autoregressive): {speedup:.2f}x")
+    if args.temperature == 0:
+        print("greedy outputs identical: " + ("yes" if identical else "NO"))
+    return 0
