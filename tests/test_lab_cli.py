@@ -108,6 +108,24 @@ def test_lab_cost_table_and_options(capsys):
 # --------------------------------------------------------------------------- bad input
 
 
+def test_lab_block_exact_and_simulated_agree(capsys):
+    """Block verification emits more tokens per round than token verification (exactly
+    enumerated), and the seeded simulations land within 5 standard errors of the exact values."""
+    numbers = run_json(capsys, "lab", "block", "--n", "40000", "--seed", "2")
+    token, block = numbers["rows"]
+    assert (token["method"], block["method"]) == ("token", "block")
+    assert block["exact_tokens_per_round"] > token["exact_tokens_per_round"]
+    assert numbers["block_gain"] > 0.01
+    for row in numbers["rows"]:  # emitted tokens per round lie in [1, γ+1]: sd <= γ/2
+        standard_error = (numbers["gamma"] / 2) / math.sqrt(numbers["n"])
+        assert abs(row["simulated_tokens_per_round"] - row["exact_tokens_per_round"]) < 5 * standard_error
+
+
+def test_lab_block_table(capsys):
+    code, out, _ = run_cli(capsys, "lab", "block", "--n", "2000")
+    assert code == 0 and "tokens/round (exact)" in out and "more tokens per round" in out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["lab", "rejection", "--n", "-5"], r"--n must be a positive integer, got -5"),
     (["lab", "rejection", "--n", "0"], r"--n must be a positive integer, got 0"),
@@ -120,6 +138,9 @@ def test_lab_cost_table_and_options(capsys):
     (["lab", "cost", "--c", "-0.1"], r"--c must be a number >= 0, got -0.1"),
     (["lab", "cost", "--c", "inf"], r"--c must be a number >= 0, got inf"),
     (["lab", "cost", "--max-gamma", "-1"], r"--max-gamma must be an integer >= 0, got -1"),
+    (["lab", "block", "--gamma", "0"], r"--gamma must be a positive integer, got 0"),
+    (["lab", "block", "--vocab", "1"], r"--vocab must be an integer >= 2, got 1"),
+    (["lab", "block", "--vocab", "50", "--gamma", "5"], r"at most 2,000,000 blocks"),
 ])
 def test_bad_input_is_one_line(capsys, argv, message):
     code, out, err = run_cli(capsys, *argv)

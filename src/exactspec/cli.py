@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 COMMAND_MODULES = ("exactspec.cli_generate", "exactspec.cli_lab", "exactspec.cli_bench")
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
+    except BrokenPipeError:  # the reader went away (`exactspec ... | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (CliError, ValueError, OSError) as err:
         print(f"exactspec {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,67 @@
+"""`exactspec generate` end to end on tiny models saved as local folders."""
+import json
+
+import pytest
+
+from conftest import make_tiny_llama, make_tiny_tokenizer
+from exactspec.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_folders(tmp_path_factory):
+    """A target folder and a draft folder, each with a tiny model and the tiny tokenizer."""
+    folders = []
+    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
+        folder = tmp_path_factory.mktemp(name)
+        make_tiny_llama(seed, num_layers=layers).save_pretrained(folder)
+        make_tiny_tokenizer().save_pretrained(folder)
+        folders.append(str(folder))
+    return folders
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram", "none"])
+def test_generate_json(tiny_folders, capsys, draft):
+    target, draft_folder = tiny_folders
+    draft_arg = draft_folder if draft == "model" else draft
+    code, out, _ = run(capsys, "generate", "w3 w7 w3 w7", "--target", target, "--draft", draft_arg,
+                       "--max-new-tokens", "12", "--seed", "1", "--no-chat", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["stats"]["output_tokens"] == len(result["token_ids"]) <= 12
+    assert set(result) >= {"target", "draft", "gamma", "text", "token_ids", "stats"}
+
+
+def test_generate_greedy_table_and_stream_match_plain(tiny_folders, capsys):
+    target, draft = tiny_folders
+    common = ["--target", target, "--max-new-tokens", "10", "--temperature", "0", "--chat"]
+    _, plain, _ = run(capsys, "generate", "w5", "--draft", "none", "--json", *common)
+    _, spec, _ = run(capsys, "generate", "w5", "--draft", draft, "--json", *common)
+    assert json.loads(plain)["token_ids"] == json.loads(spec)["token_ids"]
+    code, out, _ = run(capsys, "generate", "w5", "--draft", draft, "--stream", *common)
+    assert code == 0
+    assert json.loads(spec)["text"] in out and "acceptance_rate" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gamma", "0"], r"--gamma must be in \[1, 32\], got 0"),
+    (["--top-p", "1.5"], r"--top-p must be in \(0, 1\], got 1.5"),
+    (["--temperature", "-1"], r"--temperature must be >= 0, got -1"),
+    (["--target", "no-such-model"], r"unknown model 'no-such-model'"),
+])
+def test_generate_bad_input_is_one_line(tiny_folders, capsys, args, message):
+    import re
+
+    code, out, err = run(capsys, "generate", "w1", "--draft", "ngram", *args)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and re.search(message, err), err
+
+
+def test_generate_empty_prompt(tiny_folders, capsys):
+    code, _, err = run(capsys, "generate", "  ", "--target", tiny_folders[0], "--draft", "none")
+    assert code == 2 and "the prompt is empty" in err
