@@ -128,24 +128,47 @@ def test_speculative_sampling_matches_target_joint(tiny_pair, drafter_kind, prom
 # --------------------------------------------------------------------------- cache and counters
 
 
+def test_cache_is_cut_back_after_each_round(tiny_pair, monkeypatch):
+    """With one row, discarding the rejected drafts crops the cache (no holes remain), and the
+    target's cache ends each round holding the committed sequence minus its last token."""
+    from exactspec.kvmodel import CachedModel
+
+    target, draft = tiny_pair
+    seen, original = [], CachedModel.discard_last
+
+    def discard_last(self, counts):
+        original(self, counts)
+        seen.append((self.model is target, self.length, bool(self.valid.all())))
+
+    monkeypatch.setattr(CachedModel, "discard_last", discard_last)
+    lengths = []
+    out = es.speculative_generate(target, draft, ids(PROMPTS[2]), gamma=4, max_new_tokens=30,
+                                  seed=1, eos_token_id=[], on_tokens=lambda new: lengths.append(len(new)))
+    assert seen and all(no_holes for _, _, no_holes in seen)
+    committed = len(PROMPTS[2]) + torch.tensor(lengths).cumsum(0)
+    target_lengths = [length for is_target, length, _ in seen if is_target]
+    assert target_lengths == (committed - 1).tolist()
+    assert out.stats.corrections > 0
+
+
 def record_feeds(monkeypatch):
     """Record (model, cache length before, tokens fed) for every forward pass."""
     from exactspec.kvmodel import CachedModel
 
     feeds, original = [], CachedModel.feed
 
-    def feed(self, tokens):
+    def feed(self, tokens, valid=None):
         feeds.append((self.model, self.length, tokens.size(1)))
-        return original(self, tokens)
+        return original(self, tokens, valid)
 
     monkeypatch.setattr(CachedModel, "feed", feed)
     return feeds
 
 
 def test_caches_are_reused_and_cut_back(tiny_pair, monkeypatch):
-    """Target: the prompt minus one token once, then γ'+1 tokens per round. Draft: the prompt
-    once, then per round only what it has not seen (the correction, or its last draft and the
-    bonus) and one token per further proposal. No full-sequence recomputation after prefill."""
+    """Target and draft: the prompt minus one token once. Then the target takes γ'+1 tokens per
+    round; the draft only what it has not seen (the correction, or its last draft and the bonus)
+    and one token per further proposal. No full-sequence recomputation after the prefill."""
     target, draft = tiny_pair
     feeds = record_feeds(monkeypatch)
     prompt, n = PROMPTS[1], 40
@@ -159,10 +182,10 @@ def test_caches_are_reused_and_cut_back(tiny_pair, monkeypatch):
     assert len(target_sizes) == s.target_calls == s.rounds + 1
     assert sum(target_sizes) == s.target_tokens_fed == len(prompt) - 1 + s.drafted_tokens + s.rounds
     draft_sizes = [size for model, _, size in feeds if model is draft]
-    assert draft_sizes[0] == len(prompt)
+    assert draft_sizes[0] == len(prompt) - 1
     assert set(draft_sizes[1:]) <= {1, 2}
     assert draft_sizes.count(2) <= s.bonus_tokens  # a 2-token catch-up follows each bonus
-    assert len(draft_sizes) == s.draft_calls == s.drafted_tokens  # one pass per drafted token
+    assert len(draft_sizes) == s.draft_calls == s.drafted_tokens + 1  # prefill + one per draft
     assert sum(draft_sizes) == s.draft_tokens_fed
     final_cache = {model: length + size for model, length, size in feeds}
     assert final_cache[target] <= len(prompt) + n  # cropped back: never longer than the sequence

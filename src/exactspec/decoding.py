@@ -1,12 +1,15 @@
 """Speculative and plain autoregressive generation with real Hugging Face models.
 
-A round (the seed's Part 7): the drafter proposes γ tokens x_1..x_γ with their q; the target
-scores [last committed token, x_1..x_γ] in one pass, giving p_1..p_{γ+1}; `verify_block` keeps a
-prefix of the drafts and adds one correction or bonus token. The target's cache always holds the
-committed sequence minus its last token, so every round feeds exactly γ+1 tokens and the cache is
-cropped back to the kept prefix after a rejection (rule 3).
+A round (the seed's Part 7): the drafter proposes γ tokens x_1..x_γ per row with their q; the
+target scores [last committed token, x_1..x_γ] of every row in one pass, giving p_1..p_{γ+1};
+`verify_block` keeps a prefix of each row's drafts and adds one correction or bonus token. Rows
+keep different numbers of tokens; `CachedModel` masks what a row did not keep (its docstring says
+why holes beat re-feeding). Each row's cache holds its committed tokens minus the last one, so a
+round feeds exactly γ+1 tokens per row. Plain decoding is the same loop with no drafter (γ = 0:
+each round draws the bonus token from p).
 
-Batch size 1 for now; the loop is written over [B, ...] tensors so that B > 1 can follow.
+Rows that end (EOS or their token budget) leave the batch, so they stop costing compute.
+A row's output is exact however it is cut: a prefix of an exact sample is an exact sample.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import torch
 from exactspec.drafters import ModelDrafter, NGramDrafter, Proposal, SamplingConfig, as_drafter
 from exactspec.kvmodel import CachedModel, unwrap_model
 from exactspec.models import check_compatible, context_length, eos_token_ids, usable_vocab
-from exactspec.sampling import METHODS, check_sampling_args, sample, verify_block
+from exactspec.sampling import METHODS, check_sampling_args, verify_block
 
 MAX_GAMMA = 32
 
@@ -59,10 +62,13 @@ class DecodeStats:
 
 @dataclass
 class GenerateOutput:
-    """sequences: LongTensor[B, L + n], the prompt followed by the new tokens."""
+    """sequences: LongTensor[B, L + n], each row's prompt followed by its new tokens; a list of
+    per-row LongTensors when rows differ in length (prompts of different lengths, or rows that
+    ended early). stats: the whole batch; row_stats: one DecodeStats per row."""
 
-    sequences: torch.Tensor
+    sequences: torch.Tensor | list[torch.Tensor]
     stats: DecodeStats = field(default_factory=DecodeStats)
+    row_stats: list[DecodeStats] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- set-up and checks
@@ -72,10 +78,8 @@ def _check_generation_args(input_ids: torch.Tensor, max_new_tokens: int, samplin
                            gamma: int | None = None) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError("input_ids must be a LongTensor[B, L]")
-    if input_ids.size(1) == 0:
-        raise ValueError("the prompt is empty: input_ids has length 0")
-    if input_ids.size(0) != 1:
-        raise ValueError(f"batch size must be 1 for now, got {input_ids.size(0)}")
+    if input_ids.size(1) == 0 or input_ids.size(0) == 0:
+        raise ValueError(f"the prompt is empty: input_ids has shape {tuple(input_ids.shape)}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens}")
     if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int)
@@ -120,15 +124,30 @@ def _eos_set(eos_token_id, target) -> set[int]:
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
 
 
-def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    for i, token in enumerate(tokens):
+def _cut(tokens: list[int], eos: set[int], budget: int) -> list[int]:
+    """The tokens up to and including the first EOS, and at most `budget` of them."""
+    for i, token in enumerate(tokens[:budget]):
         if token in eos:
             return tokens[: i + 1]
-    return tokens
+    return tokens[:budget]
+
+
+def _left_pad(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+    """Prompts as left-padded rows: (ids[B, L], valid[B, L]); right padding is moved left."""
+    if attention_mask is None:
+        return input_ids, torch.ones_like(input_ids, dtype=torch.bool)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
+                         f"got {tuple(attention_mask.shape)}")
+    valid = attention_mask.to(input_ids.device).bool()
+    if not valid.any(dim=1).all():
+        raise ValueError("the prompt is empty: a row of attention_mask has no tokens")
+    order = torch.argsort(valid.long(), dim=1, stable=True)  # [B, L], padding first
+    return input_ids.gather(1, order), valid.gather(1, order)
 
 
 class _Clock:
-    """Wall time and time to first token, synchronizing the accelerator before each reading."""
+    """Wall time, synchronizing the accelerator before each reading."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -140,23 +159,142 @@ class _Clock:
         return time.perf_counter() - self.start
 
 
+class _NoDraft:
+    """Plain decoding as the γ = 0 case of a round: nothing proposed, the bonus drawn from p."""
+
+    calls = tokens_fed = 0
+
+    def start(self, input_ids, valid, vocab_size):
+        self.batch = input_ids.size(0)
+
+    def propose(self, gamma, sampling, generator) -> Proposal:
+        return Proposal(torch.empty(self.batch, 0, dtype=torch.long), None)
+
+    def commit(self, num_accepted, next_tokens):
+        pass
+
+    def select(self, rows):
+        self.batch = rows.numel()
+
+
 # --------------------------------------------------------------------------- generation
 
 
-def _prefill(lm: CachedModel, input_ids: torch.Tensor) -> None:
-    """Fill the cache with the prompt minus its last token (the first step feeds that one)."""
-    if input_ids.size(1) > 1:
-        lm.feed(input_ids[:, :-1])
+class _Rows:
+    """Per-row bookkeeping: new tokens, counters, and which rows are still generating."""
+
+    def __init__(self, batch: int, max_new_tokens: int, eos: set[int], clock: _Clock, on_tokens):
+        self.new = [[] for _ in range(batch)]
+        self.stats = [DecodeStats() for _ in range(batch)]
+        self.active = torch.arange(batch)  # original index of each row still in the batch
+        self.max_new_tokens, self.eos, self.clock, self.on_tokens = max_new_tokens, eos, clock, on_tokens
+        self.first_token_at: float | None = None
+
+    def budget_left(self) -> int:
+        return max(self.max_new_tokens - len(self.new[r]) for r in self.active.tolist())
+
+    def record(self, result, drafted: int, draft_calls: int) -> torch.Tensor:
+        """Count one round per active row; return the batch positions of rows still going."""
+        now = self.clock.read()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        going = []
+        for i, row in enumerate(self.active.tolist()):
+            tau = int(result.num_accepted[i])
+            new = _cut(result.tokens[i, : tau + 1].tolist(), self.eos,
+                       self.max_new_tokens - len(self.new[row]))
+            self.new[row].extend(new)
+            _count_round(self.stats[row], new, drafted, tau, draft_calls)
+            if self.stats[row].time_to_first_token is None and new:
+                self.stats[row].time_to_first_token = now
+            if self.on_tokens is not None and new:
+                self._stream(row, new)
+            if new and new[-1] in self.eos or len(self.new[row]) >= self.max_new_tokens:
+                self.stats[row].wall_seconds = now
+            else:
+                going.append(i)
+        return torch.tensor(going, dtype=torch.long)
+
+    def _stream(self, row: int, new: list[int]) -> None:
+        if len(self.new) == 1:
+            self.on_tokens(new)
+        else:
+            self.on_tokens(row, new)
 
 
-def _emit(sequence: torch.Tensor, new: list[int], stats: DecodeStats, clock: _Clock,
-          on_tokens) -> torch.Tensor:
-    if stats.time_to_first_token is None and new:
-        stats.time_to_first_token = clock.read()
+def _count_round(stats: DecodeStats, new: list[int], drafted: int, tau: int,
+                 draft_calls: int) -> None:
+    """Count what the round emitted for one row (EOS or the budget may have cut it short)."""
+    stats.rounds += 1
+    stats.target_calls += 1
+    stats.draft_calls += draft_calls
+    stats.drafted_tokens += drafted
     stats.output_tokens += len(new)
-    if on_tokens is not None and new:
-        on_tokens(new)
-    return torch.cat([sequence, sequence.new_tensor([new])], dim=1)  # [1, L + n]
+    stats.accepted_drafts += min(tau, len(new))
+    if len(new) == tau + 1:
+        if tau == drafted:
+            stats.bonus_tokens += 1
+        else:
+            stats.corrections += 1
+
+
+def _generate(target, drafter, input_ids, attention_mask, *, gamma: int, max_new_tokens: int,
+              sampling: SamplingConfig, seed, eos_token_id, method: str,
+              on_tokens) -> GenerateOutput:
+    """The round loop shared by speculative and plain decoding."""
+    model, tokenizer, name = unwrap_model(target)
+    vocab = _shared_vocab((model, tokenizer), drafter)
+    ids, valid = _left_pad(input_ids, attention_mask)
+    total = ids.size(1) + max_new_tokens
+    _check_context(model, name, total)
+    if isinstance(drafter, ModelDrafter):
+        _check_context(drafter.model, drafter.name, total)
+    lm = CachedModel(model, name, vocab, ids.size(0))
+    ids, valid = ids.to(lm.device), valid.to(lm.device)
+    generator, eos = _generator(seed, lm.device), _eos_set(eos_token_id, (model, tokenizer))
+    clock = _Clock(lm.device)
+    rows = _Rows(ids.size(0), max_new_tokens, eos, clock, on_tokens)
+    if ids.size(1) > 1:
+        lm.feed(ids[:, :-1], valid[:, :-1])  # prefill: the prompt minus its last token
+    drafter.start(ids, valid, vocab)
+    last = ids[:, -1]  # [B], each row's last committed token
+    rounds = 0
+    while max_new_tokens > 0 and rows.active.numel():
+        block = min(gamma, rows.budget_left() - 1)  # the longest budget left decides
+        calls_before = drafter.calls
+        proposal = drafter.propose(block, sampling, generator)
+        drafts = proposal.tokens.to(lm.device)  # [b, γ']
+        p = sampling.probs(lm.feed(torch.cat([last.unsqueeze(1), drafts], dim=1)))  # [b, γ'+1, V]
+        result = verify_block(drafts, proposal.q, p, generator, method)
+        tau = result.num_accepted  # [b]
+        last = result.tokens.gather(1, tau.unsqueeze(1)).squeeze(1)  # [b], correction or bonus
+        lm.discard_last(drafts.size(1) - tau)  # rule 3: drop the drafts after a rejection
+        drafter.commit(tau, last)
+        rounds += 1
+        going = rows.record(result, drafts.size(1), drafter.calls - calls_before)
+        if going.numel() < rows.active.numel():
+            rows.active, last = rows.active[going], last[going]
+            if going.numel():
+                lm.select(going)
+                drafter.select(going)
+    return _output(ids, valid, rows, lm, drafter, rounds, clock.read())
+
+
+def _output(ids, valid, rows: _Rows, lm: CachedModel, drafter, rounds: int,
+            wall: float) -> GenerateOutput:
+    sequences = [torch.cat([prompt[ok], prompt.new_tensor(new)])
+                 for prompt, ok, new in zip(ids, valid, rows.new)]
+    if len({len(s) for s in sequences}) == 1:
+        sequences = torch.stack(sequences)  # [B, L + n]
+    total = DecodeStats(rounds=rounds, target_calls=lm.calls, draft_calls=drafter.calls,
+                        target_tokens_fed=lm.tokens_fed, draft_tokens_fed=drafter.tokens_fed,
+                        wall_seconds=wall, time_to_first_token=rows.first_token_at)
+    for stats in rows.stats:
+        for counter in ("output_tokens", "accepted_drafts", "drafted_tokens", "corrections",
+                        "bonus_tokens"):
+            setattr(total, counter, getattr(total, counter) + getattr(stats, counter))
+        stats.wall_seconds = stats.wall_seconds or wall
+    return GenerateOutput(sequences, total, rows.stats)
 
 
 @torch.inference_mode()
@@ -165,41 +303,13 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
                             top_p: float | None = None, seed: int | None = None,
                             eos_token_id=None, attention_mask=None,
                             on_tokens=None) -> GenerateOutput:
-    """Plain decoding of the target: one forward pass and one draw from p per output token."""
+    """Plain decoding of the target: one forward pass and one draw from p per output token.
+    input_ids[B, L] with an optional attention_mask (left or right padding)."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     _check_generation_args(input_ids, max_new_tokens, sampling)
-    model, tokenizer, name = unwrap_model(target)
-    _check_context(model, name, input_ids.size(1) + max_new_tokens)
-    lm = CachedModel(model, name, usable_vocab((model, tokenizer)))
-    input_ids = input_ids.to(lm.device)
-    generator, eos = _generator(seed, lm.device), _eos_set(eos_token_id, (model, tokenizer))
-    stats, clock, sequence = DecodeStats(), _Clock(lm.device), input_ids
-    _prefill(lm, input_ids)
-    while stats.output_tokens < max_new_tokens:
-        p = sampling.probs(lm.feed(sequence[:, -1:])[:, -1])  # [1, V]
-        token = int(sample(p, generator).item())
-        stats.rounds += 1
-        stats.bonus_tokens += 1
-        sequence = _emit(sequence, [token], stats, clock, on_tokens)
-        if token in eos:
-            break
-    stats.target_calls, stats.target_tokens_fed = lm.calls, lm.tokens_fed
-    stats.wall_seconds = clock.read()
-    return GenerateOutput(sequence, stats)
-
-
-def _round(lm: CachedModel, drafter, sequence: torch.Tensor, gamma: int,
-           sampling: SamplingConfig, generator: torch.Generator, method: str):
-    """One round: propose, score [last token, drafts] in one target pass, verify, crop.
-    Returns (emitted tokens, the proposal, τ)."""
-    proposal: Proposal = drafter.propose(sequence, gamma, sampling, generator)
-    drafts = proposal.tokens.to(lm.device)  # [1, γ']
-    logits = lm.feed(torch.cat([sequence[:, -1:], drafts], dim=1))  # [1, γ'+1, V]
-    p = sampling.probs(logits)  # [1, γ'+1, V]
-    result = verify_block(drafts, proposal.q, p, generator, method)
-    tau = int(result.num_accepted.item())
-    lm.crop(sequence.size(1) + tau)  # keep the committed tokens minus the last, and x_1..x_τ
-    return result.tokens[0, : tau + 1].tolist(), proposal, tau
+    return _generate(target, _NoDraft(), input_ids, attention_mask, gamma=0,
+                     max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                     eos_token_id=eos_token_id, method="token", on_tokens=on_tokens)
 
 
 @torch.inference_mode()
@@ -208,52 +318,20 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int,
                          top_p: float | None = None, seed: int | None = None,
                          eos_token_id=None, attention_mask=None, method: str = "block",
                          on_tokens=None) -> GenerateOutput:
-    """Speculative decoding: output follows the target's decoding distribution exactly.
+    """Speculative decoding: each row's output follows the target's decoding distribution exactly.
 
     target: a Hugging Face causal LM or LoadedModel. draft: the same, or any drafter
-    (`ModelDrafter`, `NGramDrafter`, or "ngram"). method: "block" (joint block verification,
-    never fewer tokens per round) or "token" (the seed's rule); both are exact.
-    `on_tokens(list[int])` is called with the tokens each round emits (for streaming).
+    (`ModelDrafter`, `NGramDrafter`, or "ngram"). input_ids[B, L] with an optional
+    attention_mask (left or right padding). method: "block" (joint block verification, never
+    fewer tokens per round) or "token" (the seed's rule); both are exact.
+    `on_tokens(new_ids)` (B = 1) or `on_tokens(row, new_ids)` (B > 1) is called with the tokens
+    each round emits, for streaming.
     """
     sampling = SamplingConfig(temperature, top_k, top_p)
     _check_generation_args(input_ids, max_new_tokens, sampling, gamma)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    drafter = NGramDrafter() if draft == "ngram" else as_drafter(draft)
-    model, tokenizer, name = unwrap_model(target)
-    vocab = _shared_vocab((model, tokenizer), drafter)
-    total = input_ids.size(1) + max_new_tokens
-    _check_context(model, name, total)
-    if isinstance(drafter, ModelDrafter):
-        _check_context(drafter.model, drafter.name, total)
-    lm = CachedModel(model, name, vocab)
-    input_ids = input_ids.to(lm.device)
-    generator, eos = _generator(seed, lm.device), _eos_set(eos_token_id, (model, tokenizer))
-    stats, clock, sequence = DecodeStats(), _Clock(lm.device), input_ids
-    _prefill(lm, input_ids)
-    drafter.start(input_ids, vocab)
-    while stats.output_tokens < max_new_tokens:
-        block = min(gamma, max_new_tokens - stats.output_tokens - 1)  # never exceed the budget
-        new, proposal, tau = _round(lm, drafter, sequence, block, sampling, generator, method)
-        new = _cut_at_eos(new, eos)
-        _count_round(stats, new, proposal, tau)
-        sequence = _emit(sequence, new, stats, clock, on_tokens)
-        if new[-1] in eos:
-            break
-    stats.target_calls, stats.target_tokens_fed = lm.calls, lm.tokens_fed
-    stats.draft_calls, stats.draft_tokens_fed = drafter.calls, drafter.tokens_fed
-    stats.wall_seconds = clock.read()
-    return GenerateOutput(sequence, stats)
-
-
-def _count_round(stats: DecodeStats, new: list[int], proposal: Proposal, tau: int) -> None:
-    """Count what the round emitted (an EOS may have cut it short)."""
-    drafted = proposal.tokens.size(1)
-    stats.rounds += 1
-    stats.drafted_tokens += drafted
-    stats.accepted_drafts += min(tau, len(new))
-    if len(new) == tau + 1:
-        if tau == drafted:
-            stats.bonus_tokens += 1
-        else:
-            stats.corrections += 1
+    drafter = NGramDrafter() if isinstance(draft, str) and draft == "ngram" else as_drafter(draft)
+    return _generate(target, drafter, input_ids, attention_mask, gamma=gamma,
+                     max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                     eos_token_id=eos_token_id, method=method, on_tokens=on_tokens)

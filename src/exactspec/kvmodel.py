@@ -1,9 +1,19 @@
-"""A causal language model with its own KV cache over a committed prefix.
+"""A causal language model with its own KV cache over B rows of committed tokens.
 
-Both the target and a model draft use it: `feed` runs only the new tokens (the cache holds the
-rest), `crop` cuts the cache back to a kept prefix (rule 3: entries scored under a prefix that was
-not kept are discarded), and the counters record every call and every token fed, so tests can show
-that nothing is recomputed after the prefill.
+Both the target and a model draft use it. The cache is rectangular, [B, heads, T, dim], and a
+boolean `valid[B, T]` says which of its T columns hold a kept token of each row; the others are
+**holes**: left padding of shorter prompts, and drafts that one row rejected while another kept
+its. Holes are masked out of attention, and each row's tokens get contiguous `position_ids`
+despite them, so every row computes exactly what it would alone.
+
+Why holes rather than cropping every row to the shortest and re-feeding the rest: a re-feed
+costs a forward pass over tokens already scored, every round, in proportion to how unevenly the
+rows accepted; a hole costs only its attention column until the next compaction. Holes that
+every row shares at the end are cropped at once (so with B = 1 the cache is simply cropped back
+to the kept prefix: rule 3), and `compact` squeezes out the rest when they reach half the cache.
+
+`feed` runs only the new tokens, and the counters record every call and token fed, so tests can
+show that nothing is recomputed after the prefill.
 """
 from __future__ import annotations
 
@@ -30,47 +40,88 @@ def _cache_argument(model: torch.nn.Module) -> str:
 
 
 class CachedModel:
-    """One model, one KV cache, batch size 1 (the cache layout is [B, heads, length, dim])."""
+    """One model, one KV cache over B rows, with holes masked out (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, name: str, vocab_size: int):
+    def __init__(self, model: torch.nn.Module, name: str, vocab_size: int, batch_size: int = 1):
         self.model, self.name, self.vocab_size = model, name, vocab_size
         self.device = next(model.parameters()).device
         self._cache_arg = _cache_argument(model)
         self.cache = DynamicCache()
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)  # [B, T]
         self.calls = 0
         self.tokens_fed = 0
 
     @property
     def length(self) -> int:
-        """How many tokens the cache holds."""
-        return self.cache.get_seq_length()
+        """Columns in the cache, holes included (T)."""
+        return self.valid.size(1)
 
-    def reset(self) -> None:
-        self.cache = DynamicCache()
+    @property
+    def kept(self) -> torch.Tensor:
+        """Kept tokens per row, i.e. the position of each row's next token. [B]"""
+        return self.valid.sum(dim=1)
 
-    def crop(self, length: int) -> None:
-        """Keep the first `length` cached tokens (DynamicCache.crop takes a negative count)."""
-        excess = self.length - length
-        if excess > 0:
-            self.cache.crop(-excess)
-
-    def feed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Run tokens[B, n] after the cached prefix; return float logits[B, n, V] over the usable
-        vocabulary (embedding rows past the tokenizer's vocabulary are dropped: zero probability).
-        """
-        start = self.length
-        output = self.model(input_ids=tokens, use_cache=True, **{self._cache_arg: self.cache})
+    def feed(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Run tokens[B, n] after the cache; `valid[B, n]` marks padding slots (False) that become
+        holes at once. Returns float logits[B, n, V] over the usable vocabulary (embedding rows
+        past the tokenizer's vocabulary are dropped: zero probability)."""
+        if valid is None:
+            valid = torch.ones_like(tokens, dtype=torch.bool)
+        positions = self.kept.unsqueeze(1) + valid.long().cumsum(dim=1) - 1  # [B, n]
+        self.valid = torch.cat([self.valid, valid], dim=1)  # [B, T + n]
+        output = self.model(input_ids=tokens, attention_mask=self.valid.long(),
+                            position_ids=positions.clamp(min=0), use_cache=True,
+                            **{self._cache_arg: self.cache})
         self.cache = getattr(output, self._cache_arg, None) or getattr(output, "past_key_values")
         self.calls += 1
-        self.tokens_fed += tokens.size(1)
+        self.tokens_fed += int(valid.sum())
         logits = output.logits[..., : self.vocab_size]  # [B, n, V]
-        self._check_finite(logits, start)
+        self._check_finite(logits, valid, positions)
         return logits
 
-    def _check_finite(self, logits: torch.Tensor, start: int) -> None:
+    def _check_finite(self, logits: torch.Tensor, valid: torch.Tensor,
+                      positions: torch.Tensor) -> None:
         """Rule 2: NaN or +inf logits raise an error naming the model and the position."""
-        bad = torch.isnan(logits) | torch.isposinf(logits)  # [B, n, V]
+        bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) & valid  # [B, n]
         if bad.any():
-            position = start + int(bad.any(dim=-1).any(dim=0).nonzero()[0])
-            raise ValueError(
-                f"model {self.name!r} produced NaN or +inf logits at position {position}")
+            row, col = bad.nonzero()[0].tolist()
+            raise ValueError(f"model {self.name!r} produced NaN or +inf logits at position "
+                             f"{int(positions[row, col])}" + (f" of row {row}" if bad.size(0) > 1 else ""))
+
+    def discard_last(self, counts: torch.Tensor) -> None:
+        """Make the last counts[b] columns of row b holes (drafts scored under a prefix that was
+        not kept: rule 3); crop the columns that are holes in every row."""
+        columns = torch.arange(self.length, device=self.device)  # [T]
+        self.valid &= columns < (self.length - counts.to(self.device)).unsqueeze(1)  # [B, T]
+        self._crop_shared_holes()
+        if self.length > 32 and self.valid.float().mean() < 0.5:
+            self.compact()
+
+    def _crop_shared_holes(self) -> None:
+        live = self.valid.any(dim=0)  # [T]
+        keep = int(live.nonzero().max()) + 1 if live.any() else 0
+        if keep < self.length:
+            self.cache.crop(keep - self.length)
+            self.valid = self.valid[:, :keep]
+
+    def compact(self) -> None:
+        """Squeeze the holes out: each row's kept columns, in order, right-aligned (left-padded
+        with holes to the longest row). Positions are unchanged: rotary embeddings are already
+        applied to the cached keys."""
+        kept = self.kept  # [B]
+        width = int(kept.max())
+        order = torch.argsort((~self.valid).long(), dim=1, stable=True)  # [B, T], kept columns first
+        slot = torch.arange(width, device=self.device) - (width - kept).unsqueeze(1)  # [B, T']
+        index = order.gather(1, slot.clamp(min=0))  # [B, T']
+        new_valid = slot >= 0  # [B, T']
+        for layer in self.cache.layers:
+            gather = index[:, None, :, None].expand(-1, layer.keys.size(1), -1, layer.keys.size(3))
+            layer.keys = layer.keys.gather(2, gather)
+            layer.values = layer.values.gather(2, gather)
+        self.valid = new_valid
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these rows (finished rows stop costing compute)."""
+        self.cache.batch_select_indices(rows.to(self.device))
+        self.valid = self.valid[rows.to(self.device)]
+        self._crop_shared_holes()
