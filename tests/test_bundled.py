@@ -61,3 +61,21 @@ def test_bundled_sampling_is_seeded(bundled_pair):
                                     temperature=0.8, seed=3) for _ in range(2)]
     assert torch.equal(runs[0].sequences, runs[1].sequences)
     assert runs[0].stats.accepted_drafts > 0
+
+
+@pytest.mark.parametrize("drafter", ["bfloat16", "ngram"])
+def test_bundled_batch_greedy_matches_each_row_alone(bundled_pair, greedy_references, drafter):
+    """Prompts of different lengths in one left-padded batch: each row is token for token what
+    Transformers' greedy decoding gives that prompt alone."""
+    target, draft = bundled_pair
+    rows = [ids[0] for ids, _ in greedy_references]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+    out = es.speculative_generate(target, draft if drafter == "bfloat16" else "ngram", ids,
+                                  attention_mask=mask, gamma=4, max_new_tokens=NEW_TOKENS,
+                                  temperature=0)
+    for sequence, (_, expected) in zip(out.sequences, greedy_references):
+        assert sequence.tolist() == expected

@@ -65,3 +65,39 @@ def test_generate_bad_input_is_one_line(tiny_folders, capsys, args, message):
 def test_generate_empty_prompt(tiny_folders, capsys):
     code, _, err = run(capsys, "generate", "  ", "--target", tiny_folders[0], "--draft", "none")
     assert code == 2 and "the prompt is empty" in err
+
+
+def test_generate_batch_of_prompts(tiny_folders, capsys, tmp_path):
+    target, draft = tiny_folders
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w1 w2 w3 w4"}\n\n{"prompt": "w5"}\n')
+    common = ["--target", target, "--max-new-tokens", "8", "--temperature", "0", "--no-chat",
+              "--json"]
+    _, out, _ = run(capsys, "generate", "w9 w9", "--prompts", str(prompts), "--draft", draft,
+                    *common)
+    batch = json.loads(out)
+    assert [r["prompt"] for r in batch["results"]] == ["w9 w9", "w1 w2 w3 w4", "w5"]
+    for result in batch["results"]:  # each row as it is when decoded alone
+        _, alone, _ = run(capsys, "generate", result["prompt"], "--draft", "none", *common)
+        assert json.loads(alone)["token_ids"] == result["token_ids"]
+    code, table, _ = run(capsys, "generate", "w1", "w2", "--draft", "ngram", *common[:-1])
+    assert code == 0 and "[1]" in table and "batch" in table
+
+
+@pytest.mark.parametrize("content, message", [
+    ("not json\n", r"line 1 of .* is not a JSON object"),
+    ('{"text": "x"}\n', r'with a "prompt" field'),
+    ("\n", r"has no prompts"),
+])
+def test_generate_bad_prompts_file(tiny_folders, capsys, tmp_path, content, message):
+    import re
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(content)
+    code, _, err = run(capsys, "generate", "--prompts", str(path), "--target", tiny_folders[0])
+    assert code == 2 and re.search(message, err), err
+
+
+def test_generate_needs_a_prompt(tiny_folders, capsys):
+    code, _, err = run(capsys, "generate", "--target", tiny_folders[0])
+    assert code == 2 and "give a prompt" in err

@@ -16,7 +16,9 @@ def register(subparsers) -> None:
     gen = subparsers.add_parser("generate", help="generate text with speculative decoding",
                                 description="Generate text from a prompt with speculative "
                                             "decoding (exact: same distribution as the target).")
-    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("prompt", nargs="*", help="the prompt text; several prompts decode as a batch")
+    gen.add_argument("--prompts", metavar="FILE",
+                     help='a JSONL file of {"prompt": ...} lines, decoded as a batch')
     _add_decoding_args(gen)
     gen.add_argument("--draft", default=DEFAULT_DRAFT,
                      help="draft model spec NAME[@DTYPE], 'ngram' (prompt lookup) or 'none' "
@@ -71,6 +73,41 @@ def _load(spec: str, dtype: str | None = None):
     return loaded
 
 
+def read_prompts(path: str) -> list[str]:
+    """Prompts from a JSONL file of {"prompt": ...} lines (blank lines skipped)."""
+    import json
+
+    prompts = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                prompt = json.loads(line)["prompt"]
+            except (ValueError, KeyError, TypeError):
+                raise CliError(f'--prompts: line {number} of {path} is not a JSON object with a '
+                               '"prompt" field') from None
+            if not isinstance(prompt, str):
+                raise CliError(f"--prompts: line {number} of {path}: prompt must be a string")
+            prompts.append(prompt)
+    if not prompts:
+        raise CliError(f"--prompts: {path} has no prompts")
+    return prompts
+
+
+def encode_batch(loaded, prompts: list[str], chat: bool | None):
+    """Left-padded input_ids[B, L] and attention_mask[B, L] of the encoded prompts."""
+    import torch
+
+    rows = [encode_prompt(loaded, prompt, chat)[0] for prompt in prompts]
+    width = max(len(row) for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+    return ids, mask
+
+
 def encode_prompt(loaded, prompt: str, chat: bool | None):
     """Token ids [1, L] of the prompt, through the chat template when asked (or when the
     tokenizer has one and `chat` is None)."""
@@ -106,12 +143,12 @@ class TextStream:
             self.printed = text
 
 
-def _generate(target, draft, input_ids, args, on_tokens=None):
+def _generate(target, draft, input_ids, args, on_tokens=None, attention_mask=None):
     from exactspec.decoding import autoregressive_generate, speculative_generate
 
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                     top_k=getattr(args, "top_k", None), top_p=getattr(args, "top_p", None),
-                    seed=args.seed, on_tokens=on_tokens)
+                    seed=args.seed, on_tokens=on_tokens, attention_mask=attention_mask)
     if draft is None:
         return autoregressive_generate(target, input_ids, **sampling)
     return speculative_generate(target, draft, input_ids, gamma=args.gamma,
@@ -131,6 +168,11 @@ STATS_FORMATS = {"acceptance_rate": "{:.3f}", "tokens_per_round": "{:.2f}",
 
 def run_generate(args) -> int:
     _check_common(args)
+    prompts = list(args.prompt) + (read_prompts(args.prompts) if args.prompts else [])
+    if not prompts:
+        raise CliError("give a prompt (or several, or --prompts FILE)")
+    if args.stream and len(prompts) > 1:
+        raise CliError(f"--stream works with one prompt, got {len(prompts)}")
     target = _load(args.target)
     draft_spec = args.draft.strip()
     if draft_spec.lower() == "none":
@@ -139,19 +181,32 @@ def run_generate(args) -> int:
         draft = "ngram"
     else:
         draft = _load(draft_spec, args.draft_dtype)
-    input_ids = encode_prompt(target, args.prompt, args.chat)
+    input_ids, mask = encode_batch(target, prompts, args.chat)
     stream = TextStream(target.tokenizer) if args.stream and not args.json else None
-    out = _generate(target, draft, input_ids, args, on_tokens=stream)
-    new_ids = out.sequences[0, input_ids.size(1):].tolist()
-    text = target.tokenizer.decode(new_ids, skip_special_tokens=True)
+    out = _generate(target, draft, input_ids, args, on_tokens=stream, attention_mask=mask)
+    prompt_lengths = mask.sum(dim=1).tolist()
+    results = []
+    for prompt, length, sequence, stats in zip(prompts, prompt_lengths, out.sequences,
+                                               out.row_stats):
+        new_ids = sequence[length:].tolist()
+        results.append({"prompt": prompt, "token_ids": new_ids, "stats": stats.to_dict(),
+                        "text": target.tokenizer.decode(new_ids, skip_special_tokens=True)})
     if args.json:
-        print_json({"target": target.spec, "draft": _draft_name(draft), "gamma": args.gamma,
-                    "verify": args.verify, "prompt": args.prompt, "text": text,
-                    "token_ids": new_ids, "stats": out.stats.to_dict()})
+        head = {"target": target.spec, "draft": _draft_name(draft), "gamma": args.gamma,
+                "verify": args.verify}
+        if len(results) == 1:
+            print_json({**head, **results[0]})
+        else:
+            print_json({**head, "results": results, "stats": out.stats.to_dict()})
         return 0
-    print(text if stream is None else "")
-    print()
-    print_table(_stats_rows({_draft_name(draft): out.stats}), STATS_COLUMNS, STATS_FORMATS)
+    for i, result in enumerate(results):
+        if len(results) > 1:
+            print(f"--- [{i}] {result['prompt']}")
+        print(result["text"] if stream is None else "")
+        print()
+    named = {f"[{i}]": s for i, s in enumerate(out.row_stats)} if len(results) > 1 else {}
+    named[_draft_name(draft) if len(results) == 1 else "batch"] = out.stats
+    print_table(_stats_rows(named), STATS_COLUMNS, STATS_FORMATS)
     return 0
 
 
