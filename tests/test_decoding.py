@@ -187,6 +187,8 @@ def test_caches_are_reused_and_cut_back(tiny_pair, monkeypatch):
     assert draft_sizes.count(2) <= s.bonus_tokens  # a 2-token catch-up follows each bonus
     assert len(draft_sizes) == s.draft_calls == s.drafted_tokens + 1  # prefill + one per draft
     assert sum(draft_sizes) == s.draft_tokens_fed
+    row = out.row_stats[0]  # one row: its counters are the batch's
+    assert (row.target_calls, row.draft_calls, row.rounds) == (s.target_calls, s.draft_calls, s.rounds)
     final_cache = {model: length + size for model, length, size in feeds}
     assert final_cache[target] <= len(prompt) + n  # cropped back: never longer than the sequence
 

@@ -257,6 +257,8 @@ def _generate(target, drafter, input_ids, attention_mask, *, gamma: int, max_new
     if ids.size(1) > 1:
         lm.feed(ids[:, :-1], valid[:, :-1])  # prefill: the prompt minus its last token
     drafter.start(ids, valid, vocab)
+    for stats in rows.stats:  # every row took part in the prefills
+        stats.target_calls, stats.draft_calls = lm.calls, drafter.calls
     last = ids[:, -1]  # [B], each row's last committed token
     rounds = 0
     while max_new_tokens > 0 and rows.active.numel():
