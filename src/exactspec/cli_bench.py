@@ -1,0 +1,226 @@
+"""`exactspec bench`: measured speed of speculative decoding beside plain decoding and
+Transformers' own (assisted) generation, with the cost model made from measurements.
+
+    exactspec bench [--target NAME] [--draft NAME|ngram ...] [--gammas 4] [--prompts FILE]
+                    [--max-new-tokens 32] [--temperature 0 0.8] [--repeats 3] [--warmup 1]
+                    [--peers/--no-peers] [--verify block,token] [--json OUT] [--plot OUT.png]
+
+Progress goes to stderr, the tables to stdout. Options are checked before any model loads, so
+bad input is one line naming the option.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+from exactspec.cli import CliError, print_table
+
+def register(subparsers) -> None:
+    from exactspec import bench
+
+    p = subparsers.add_parser(
+        "bench", help="benchmark speculative vs plain decoding and Transformers' generation",
+        description="End-to-end latency and tokens/s of exactspec's speculative and plain decoding "
+                    "and of Transformers' generate() and assisted generation, on the same models, "
+                    "prompts, sampling settings and seeds; plus the cost model made from "
+                    "measured timings. Medians over --repeats passes after --warmup.")
+    p.add_argument("--target", default=bench.DEFAULT_TARGET,
+                   help="target model spec NAME_OR_PATH[@DTYPE] (default: %(default)s)")
+    p.add_argument("--draft", nargs="+", default=list(bench.DEFAULT_DRAFTS), metavar="NAME",
+                   help="draft model specs and/or 'ngram' (default: "
+                        f"{' '.join(bench.DEFAULT_DRAFTS)})")
+    p.add_argument("--gammas", default=",".join(map(str, bench.DEFAULT_GAMMAS)),
+                   help="comma-separated γ values (default: %(default)s)")
+    p.add_argument("--prompts", metavar="FILE",
+                   help='JSONL file of {"prompt": ..., "kind": ..., "name": ...} lines '
+                        "(default: a built-in set of open and grounded prompts)")
+    p.add_argument("--max-new-tokens", default=str(bench.DEFAULT_MAX_NEW_TOKENS),
+                   help="tokens generated per prompt, EOS disabled (default: %(default)s)")
+    p.add_argument("--temperature", nargs="+",
+                   default=[f"{t:g}" for t in bench.DEFAULT_TEMPERATURES], metavar="T",
+                   help="temperatures, 0 = greedy (default: "
+                        f"{' '.join(f'{t:g}' for t in bench.DEFAULT_TEMPERATURES)})")
+    p.add_argument("--top-k", default=None, help="top-k for every method (default: off)")
+    p.add_argument("--top-p", default=None, help="top-p for every method (default: off)")
+    p.add_argument("--repeats", default=str(bench.DEFAULT_REPEATS),
+                   help="timed passes; rows report medians (default: %(default)s)")
+    p.add_argument("--warmup", default=str(bench.DEFAULT_WARMUP),
+                   help="untimed warm-up passes (default: %(default)s)")
+    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run Transformers' generate() and assisted generation "
+                        "(default: on)")
+    p.add_argument("--verify", default="block,token",
+                   help="verification rules for speculative rows (default: %(default)s)")
+    p.add_argument("--seed", default=str(bench.DEFAULT_SEED),
+                   help="prompt i uses seed + i in every run (default: %(default)s)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: cuda when present")
+    p.add_argument("--threads", default=None, help="torch CPU threads (default: torch's own)")
+    p.add_argument("--json", metavar="OUT", help="write the full result as JSON to OUT")
+    p.add_argument("--plot", metavar="OUT.png", help="draw the measured cost model to OUT.png")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=run_bench)
+
+
+# --------------------------------------------------------------------------- option checks
+
+
+def _int(option: str, text, low: int) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise CliError(f"{option} must be an integer >= {low}, got {text}") from None
+    if value < low:
+        raise CliError(f"{option} must be an integer >= {low}, got {text}")
+    return value
+
+
+def _float(option: str, text, low: float, high: float = math.inf, low_open=False) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        value = math.nan
+    bad_low = value <= low if low_open else value < low
+    if not math.isfinite(value) or bad_low or value > high:
+        where = f"in ({low:g}, {high:g}]" if low_open else f">= {low:g}"
+        raise CliError(f"{option} must be a number {where}, got {text}")
+    return value
+
+
+def _output_path(option: str, path: str | None) -> str | None:
+    """Refuse an output path whose folder is missing before the (long) benchmark runs."""
+    if path is None:
+        return None
+    folder = Path(path).expanduser().resolve().parent
+    if not folder.is_dir():
+        raise CliError(f"{option}: the folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise CliError(f"{option}: the folder {str(folder)!r} is not writable")
+    return path
+
+
+def config_from_args(args):
+    from exactspec import bench
+
+    try:
+        gammas = bench.parse_gammas(args.gammas)
+        verify = bench.parse_verify(args.verify)
+        if args.prompts is not None:
+            prompts, source = bench.load_prompts(args.prompts), args.prompts
+        else:
+            prompts, source = list(bench.BUILTIN_PROMPTS), "built-in"
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    drafts = list(dict.fromkeys(d.strip() for d in args.draft))
+    if not all(drafts):
+        raise CliError("--draft: empty draft name")
+    drafts = [bench.NGRAM if d.lower() == bench.NGRAM else d for d in drafts]
+    temperatures = list(dict.fromkeys(_float("--temperature", t, 0.0) for t in args.temperature))
+    config = bench.BenchConfig(
+        target=args.target, drafts=drafts, gammas=gammas, temperatures=temperatures,
+        verify=verify, prompts=prompts, prompts_source=source,
+        max_new_tokens=_int("--max-new-tokens", args.max_new_tokens, 1),
+        repeats=_int("--repeats", args.repeats, 1), warmup=_int("--warmup", args.warmup, 0),
+        peers=args.peers, seed=_int("--seed", args.seed, 0),
+        top_k=None if args.top_k is None else _int("--top-k", args.top_k, 1),
+        top_p=None if args.top_p is None else _float("--top-p", args.top_p, 0.0, 1.0, True),
+        device=args.device,
+        threads=None if args.threads is None else _int("--threads", args.threads, 1))
+    return config.check()
+
+
+# --------------------------------------------------------------------------- tables
+
+
+RUN_COLUMNS = [  # (header, field, format)
+    ("method", "method", "{}"), ("draft", "draft", "{}"), ("γ", "gamma", "{}"),
+    ("verify", "verify", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"),
+    ("min-max", "spread", "{}"), ("ms/tok", "ms_per_token", "{:.1f}"),
+    ("TTFT ms", "ttft_ms", "{:.0f}"), ("acc.rate", "acceptance_rate", "{:.3f}"),
+    ("α", "alpha", "{:.3f}"), ("tok/round", "tokens_per_round", "{:.2f}"),
+    ("ms/round", "ms_per_round", "{:.0f}"), ("×AR", "speedup_vs_autoregressive", "{:.2f}"),
+    ("×HF", "speedup_vs_hf_generate", "{:.2f}"), ("=AR", "same", "{}"),
+]
+
+COST_COLUMNS = [
+    ("γ", "gamma", "{}"), ("E[N]", "expected_tokens", "{:.2f}"),
+    ("tok/round token", "measured_tokens_per_round_token", "{:.2f}"),
+    ("tok/round block", "measured_tokens_per_round_block", "{:.2f}"),
+    ("pred ms/round", "predicted_ms_per_round", "{:.0f}"),
+    ("meas ms/round", "measured_ms_per_round_token", "{:.0f}"),
+    ("predicted", "predicted_speedup", "{:.2f}"),
+    ("measured token", "measured_speedup_token", "{:.2f}"),
+    ("measured block", "measured_speedup_block", "{:.2f}"),
+    ("meas/pred", "measured_over_predicted_token", "{:.2f}"),
+]
+
+
+def _show(rows: list[dict], columns) -> None:
+    print_table([{h: r.get(f) for h, f, _ in columns} for r in rows], [h for h, _, _ in columns],
+                {h: fmt for h, _, fmt in columns})
+
+
+def _display_row(row: dict) -> dict:
+    out = dict(row)
+    lo, hi = row.get("tokens_per_s_min"), row.get("tokens_per_s_max")
+    out["spread"] = f"{lo:.1f}-{hi:.1f}" if lo is not None and hi is not None else None
+    ttft = row.get("time_to_first_token")
+    out["ttft_ms"] = None if ttft is None else 1e3 * ttft
+    same = row.get("matches_autoregressive")
+    out["same"] = None if same is None else ("yes" if same else "NO")
+    return out
+
+
+def print_result(result: dict) -> None:
+    config, machine = result["config"], result["machine"]
+    print(f"exactspec bench: target {config['target']}, {config['max_new_tokens']} new tokens "
+          f"per prompt (EOS off), {len(config['prompts'])} prompts ({config['prompts_source']}), "
+          f"median of {config['repeats']} passes after {config['warmup']} warm-up")
+    print(f"machine: {machine['cpu_model']}, {machine['cpu_cores_usable']} cores usable, "
+          f"torch {machine['torch_version']} ({machine['torch_threads']} threads), "
+          f"transformers {machine['transformers_version']}, device {machine['device']}; "
+          f"load average {machine.get('load_average_start')} -> {machine.get('load_average_end')}")
+    groups = list(dict.fromkeys((r["temperature"], r["prompts"]) for r in result["rows"]))
+    for temperature, kind in groups:
+        rows = [_display_row(r) for r in result["rows"]
+                if (r["temperature"], r["prompts"]) == (temperature, kind)]
+        print(f"\nT = {temperature:g}, {kind} prompts ({rows[0]['n_prompts']} prompts, "
+              f"{rows[0]['output_tokens']} tokens per pass)")
+        _show(rows, RUN_COLUMNS)
+    cm = result["costmodel"]
+    timings = cm["timings"]
+    t_target = {item["tokens"]: item["seconds"] for item in timings["target"]}
+    blocks = ", ".join(f"{n}: {1e3 * s:.1f}" for n, s in sorted(t_target.items()))
+    print(f"\nMeasured cost model (forward pass on a {timings['context_tokens']}-token cache, "
+          f"ms): target by tokens per pass {blocks}")
+    for spec, d in timings["drafts"].items():
+        print(f"  draft {spec}: {1e3 * d['seconds_per_token']:.3f} ms per token "
+              f"({d['measured_as']})")
+    for c in cm["curves"]:
+        alpha = "-" if c["alpha"] is None else f"{c['alpha']:.3f}"
+        best = ("-" if c["best_gamma"] is None else
+                f"{c['best_gamma']} (predicted {c['best_predicted_speedup']:.2f}x)")
+        print(f"\nT = {c['temperature']:g}, {c['prompts']} prompts, draft {c['draft']}: "
+              f"α = {alpha} (from {c['verified_positions']} verified positions, "
+              f"{c['alpha_from']} rule), c = {c['c']:.3f}; recommended γ = {best}")
+        _show(c["points"], COST_COLUMNS)
+
+
+def run_bench(args) -> int:
+    from exactspec import bench
+
+    config = config_from_args(args)
+    json_path = _output_path("--json", args.json)
+    plot_path = _output_path("--plot", args.plot)
+    result = bench.run_benchmark(config, log=None if args.quiet else bench._stderr)
+    if json_path:
+        bench.write_json(result, json_path)
+    if plot_path:
+        bench.plot_costmodel(result, plot_path)
+    print_result(result)
+    if json_path or plot_path:
+        written = " and ".join(p for p in (json_path, plot_path) if p)
+        print(f"\nwrote {written}")
+    return 0

@@ -1,0 +1,264 @@
+"""The benchmark harness on tiny random-weight models: every field, JSON round trip, the cost model
+from (injected) measured timings, and one-line errors for bad options. No timing thresholds."""
+import json
+import math
+
+import pytest
+
+from exactspec import bench, costmodel
+from exactspec.cli import main
+
+TINY_PROMPTS = [
+    bench.BenchPrompt("a", "open", "w1 w2 w3"),
+    bench.BenchPrompt("b", "grounded", "w4 w5 w6 w4 w5 w6 w4 w5"),
+]
+ROW_FIELDS = {
+    "method", "draft", "gamma", "verify", "temperature", "prompts", "n_prompts", "output_tokens",
+    "wall_seconds", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "ms_per_token",
+    "time_to_first_token", "accepted_drafts", "drafted_tokens", "corrections", "bonus_tokens",
+    "rounds", "target_calls", "draft_calls", "acceptance_rate", "alpha", "tokens_per_round",
+    "ms_per_round", "speedup_vs_autoregressive", "speedup_vs_hf_generate",
+    "matches_autoregressive", "peer_settings",
+}
+# fake cost-model inputs (seconds): target passes over 1..9 tokens, and each draft per token
+FAKE_TIMINGS = {
+    "context_tokens": 20,
+    "target": [{"tokens": n, "seconds": 0.040 + 0.005 * (n - 1)} for n in range(1, 10)],
+    "drafts": {"tiny-draft": {"seconds_per_token": 0.010, "measured_as": "fake"},
+               "ngram": {"seconds_per_token": 0.0001, "measured_as": "fake"}},
+}
+
+
+def tiny_config(**overrides):
+    settings = dict(target="tiny-target", drafts=["tiny-draft", "ngram"], gammas=[1, 3],
+                    temperatures=[0.0, 1.0], prompts=list(TINY_PROMPTS), max_new_tokens=6,
+                    repeats=2, warmup=1, peers=True)
+    settings.update(overrides)
+    return bench.BenchConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def tiny_result():
+    """One small benchmark, shared by the tests that only read it."""
+    import torch
+    from conftest import make_tiny_llama, make_tiny_tokenizer
+    from exactspec.models import LoadedModel
+
+    tokenizer, cpu = make_tiny_tokenizer(), torch.device("cpu")
+    target = LoadedModel(make_tiny_llama(seed=0), tokenizer, "tiny-target", torch.float32, cpu)
+    draft = LoadedModel(make_tiny_llama(seed=1, num_layers=1), tokenizer, "tiny-draft",
+                        torch.float32, cpu)
+    config = tiny_config()
+    return bench.run_benchmark(config, models={"tiny-target": target, "tiny-draft": draft},
+                               timings=FAKE_TIMINGS, log=None)
+
+
+def test_every_configuration_and_field(tiny_result):
+    rows = tiny_result["rows"]
+    assert set(tiny_result) >= {"config", "machine", "rows", "costmodel"}
+    for row in rows:
+        assert set(row) == ROW_FIELDS
+        assert row["output_tokens"] == 6 * row["n_prompts"]  # EOS off: every method, same work
+        assert row["tokens_per_s"] > 0 and row["wall_seconds"] > 0
+        assert row["tokens_per_s_min"] <= row["tokens_per_s"] <= row["tokens_per_s_max"]
+        assert row["ms_per_token"] == pytest.approx(1e3 / row["tokens_per_s"])
+        assert row["time_to_first_token"] is not None
+        assert row["speedup_vs_autoregressive"] > 0 and row["speedup_vs_hf_generate"] > 0
+        exact = row["method"] in ("autoregressive", "speculative")
+        assert (row["rounds"] is not None) == exact
+        if row["method"] == "speculative":
+            assert row["accepted_drafts"] + row["corrections"] + row["bonus_tokens"] \
+                == row["output_tokens"]
+            assert row["tokens_per_round"] == pytest.approx(row["output_tokens"] / row["rounds"])
+            assert 0 <= row["acceptance_rate"] <= 1
+        # greedy: every method gives the target's own greedy tokens
+        assert row["matches_autoregressive"] is (True if row["temperature"] == 0 else None), row
+    keys = {(r["method"], r["draft"], r["gamma"], r["verify"], r["temperature"], r["prompts"])
+            for r in rows}
+    assert len(keys) == len(rows)
+    for t in (0.0, 1.0):
+        for kind in ("open", "grounded"):
+            assert ("autoregressive", None, None, None, t, kind) in keys
+            assert ("hf_generate", None, None, None, t, kind) in keys
+            assert ("hf_assisted", "tiny-draft", "default", None, t, kind) in keys
+            for draft in ("tiny-draft", "ngram"):
+                for gamma in (1, 3):
+                    assert ("hf_assisted", draft, gamma, None, t, kind) in keys
+                    for verify in ("block", "token"):
+                        assert ("speculative", draft, gamma, verify, t, kind) in keys
+    constant = next(r for r in rows if r["method"] == "hf_assisted" and r["gamma"] == 3
+                    and r["draft"] == "tiny-draft")
+    assert constant["peer_settings"]["num_assistant_tokens"] == 3
+    assert constant["peer_settings"]["num_assistant_tokens_schedule"] == "constant"
+    lookup = next(r for r in rows if r["method"] == "hf_assisted" and r["draft"] == "ngram")
+    assert lookup["peer_settings"]["prompt_lookup_num_tokens"] == lookup["gamma"]
+    machine = tiny_result["machine"]
+    for key in ("cpu_model", "cpu_cores", "torch_version", "device"):
+        assert machine[key]
+
+
+def test_json_round_trips(tiny_result, tmp_path):
+    path = tmp_path / "bench.json"
+    bench.write_json(tiny_result, path)
+    assert json.loads(path.read_text()) == tiny_result
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # no temporary left behind
+
+
+def test_costmodel_uses_measured_numbers(tiny_result):
+    t_target = {item["tokens"]: item["seconds"] for item in FAKE_TIMINGS["target"]}
+    curves = tiny_result["costmodel"]["curves"]
+    assert {(c["temperature"], c["prompts"], c["draft"]) for c in curves} == {
+        (t, k, d) for t in (0.0, 1.0) for k in ("open", "grounded") for d in ("tiny-draft", "ngram")}
+    for curve in curves:
+        rows = [r for r in tiny_result["rows"] if r["method"] == "speculative"
+                and r["verify"] == "token" and (r["temperature"], r["prompts"], r["draft"])
+                == (curve["temperature"], curve["prompts"], curve["draft"])]
+        accepted = sum(r["accepted_drafts"] for r in rows)
+        alpha = accepted / (accepted + sum(r["corrections"] for r in rows))
+        assert curve["alpha"] == pytest.approx(alpha)
+        t_draft = FAKE_TIMINGS["drafts"][curve["draft"]]["seconds_per_token"]
+        assert curve["c"] == pytest.approx(t_draft / 0.040)
+        assert [p["gamma"] for p in curve["points"]] == list(range(1, 9))
+        for p in curve["points"]:
+            g = p["gamma"]
+            assert p["predicted_speedup"] == pytest.approx(
+                costmodel.speedup_measured(alpha, g, 0.040, t_target[g + 1], t_draft))
+            assert p["predicted_ms_per_round"] == pytest.approx(1e3 * (g * t_draft + t_target[g + 1]))
+            measured = next((r for r in rows if r["gamma"] == g), None)
+            if measured is None:
+                assert p["measured_speedup_token"] is None
+            else:
+                assert p["measured_speedup_token"] == measured["speedup_vs_autoregressive"]
+                assert p["measured_over_predicted_token"] == pytest.approx(
+                    measured["speedup_vs_autoregressive"] / p["predicted_speedup"])
+        best = max(curve["points"], key=lambda p: p["predicted_speedup"])
+        assert curve["best_predicted_speedup"] == best["predicted_speedup"]
+
+
+def test_costmodel_by_hand():
+    """Known α and timings give the seed's S(α, γ, c) where the block costs one target pass."""
+    rows = [{"method": "speculative", "temperature": 0.8, "prompts": "open", "draft": "d",
+             "gamma": 4, "verify": "token", "accepted_drafts": 70, "corrections": 30,
+             "speedup_vs_autoregressive": 1.5, "tokens_per_round": 2.8, "ms_per_round": 50.0}]
+    timings = {"context_tokens": 10, "target": [{"tokens": n, "seconds": 1.0} for n in range(1, 6)],
+               "drafts": {"d": {"seconds_per_token": 0.1, "measured_as": "fake"}}}
+    curve = bench.build_costmodel(rows, timings, curve_max_gamma=4)["curves"][0]
+    assert curve["alpha"] == pytest.approx(0.7)
+    assert curve["best_gamma"] == 4
+    assert curve["best_predicted_speedup"] == pytest.approx(costmodel.speedup(0.7, 4, 0.1))
+    assert curve["best_predicted_speedup"] == pytest.approx(1.98, abs=0.01)  # the seed's Part 8
+    assert curve["points"][3]["measured_over_predicted_token"] == pytest.approx(
+        1.5 / costmodel.speedup(0.7, 4, 0.1))
+
+
+def test_plot(tiny_result, tmp_path):
+    path = tmp_path / "cost.png"
+    bench.plot_costmodel(tiny_result, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_peers_and_one_verify(tiny_loaded_pair):
+    target, draft = tiny_loaded_pair
+    config = tiny_config(peers=False, verify=["block"], temperatures=[0.5], gammas=[2],
+                         drafts=["ngram"], repeats=1, warmup=0)
+    result = bench.run_benchmark(config, models={"tiny-target": target}, timings=FAKE_TIMINGS,
+                                 log=None)
+    assert {r["method"] for r in result["rows"]} == {"autoregressive", "speculative"}
+    assert all(r["speedup_vs_hf_generate"] is None for r in result["rows"])
+    curve = result["costmodel"]["curves"][0]
+    assert curve["alpha_from"] == "block"  # no token-rule rows: α from the block rule's
+
+
+def test_measure_timings_on_tiny_models(tiny_loaded_pair):
+    import torch
+
+    target, draft = tiny_loaded_pair
+    context = torch.tensor([[1, 5, 6, 7, 5, 6, 8, 9, 10, 11]])
+    timings = bench.measure_timings(target, {"tiny-draft": draft, "ngram": "ngram"}, context, 3)
+    assert [item["tokens"] for item in timings["target"]] == [1, 2, 3, 4]
+    assert all(item["seconds"] > 0 for item in timings["target"])
+    assert timings["drafts"]["tiny-draft"]["seconds_per_token"] > 0
+    assert timings["drafts"]["ngram"]["seconds_per_token"] > 0
+
+
+def test_gammas_and_verify_parsing():
+    assert bench.parse_gammas("8, 1,2,4,2") == [1, 2, 4, 8]
+    for bad in ("", "1,,2", "0", "33", "two", "1.5"):
+        with pytest.raises(ValueError, match="--gammas"):
+            bench.parse_gammas(bad)
+    assert bench.parse_verify("token,block") == ["block", "token"]
+    with pytest.raises(ValueError, match="--verify"):
+        bench.parse_verify("token,joint")
+
+
+def test_load_prompts(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "hello"}\n\n{"prompt": "copy this", "kind": "grounded", '
+                    '"name": "c"}\n')
+    assert bench.load_prompts(path) == [bench.BenchPrompt("line 1", "custom", "hello"),
+                                        bench.BenchPrompt("c", "grounded", "copy this")]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gammas", "1,x"], r"--gammas: each γ must be an integer in \[1, 32\], got 'x'"),
+    (["--gammas", "0,2"], r"--gammas"),
+    (["--gammas", ""], r"--gammas must be a comma-separated list"),
+    (["--verify", "fast"], r"--verify"),
+    (["--temperature", "-1"], r"--temperature must be a number >= 0, got -1"),
+    (["--repeats", "0"], r"--repeats must be an integer >= 1, got 0"),
+    (["--max-new-tokens", "ten"], r"--max-new-tokens must be an integer >= 1"),
+    (["--top-p", "1.5"], r"--top-p must be a number in \(0, 1\], got 1.5"),
+])
+def test_bad_options_one_line_error(argv, message, capsys):
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("exactspec bench: error: ")
+    assert __import__("re").search(message, err)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, r"--prompts .*missing.jsonl: cannot read the file"),
+    ("", r"the file has no prompts"),
+    ('{"prompt": "ok"}\nnot json\n', r"line 2: not valid JSON"),
+    ('{"text": "no prompt key"}\n', r'line 1: expected an object with a non-empty "prompt"'),
+    ('{"prompt": "   "}\n', r'line 1: expected an object with a non-empty "prompt"'),
+    ('["prompt"]\n', r"line 1: expected an object"),
+    ('{"prompt": "x", "kind": 3}\n', r'line 1: "kind" and "name" must be strings'),
+])
+def test_bad_prompts_one_line_error(content, message, tmp_path, capsys):
+    path = tmp_path / "missing.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert main(["bench", "--prompts", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("exactspec bench: error: ")
+    assert __import__("re").search(message, err)
+
+
+def test_missing_output_folder_refused_before_running(tmp_path, capsys):
+    assert main(["bench", "--json", str(tmp_path / "no" / "out.json")]) == 2
+    assert "--json: the folder" in capsys.readouterr().err
+
+
+def test_cli_end_to_end_on_tiny_models(tiny_loaded_pair, tmp_path, capsys, monkeypatch):
+    """The whole command, with the model loader pointed at the tiny pair."""
+    target, draft = tiny_loaded_pair
+    import exactspec.models
+
+    monkeypatch.setattr(exactspec.models, "load_model",
+                        lambda spec, device=None: {"tiny-target": target, "tiny-draft": draft}[spec])
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w1 w2 w3 w1 w2", "kind": "grounded"}\n')
+    out, plot = tmp_path / "r.json", tmp_path / "r.png"
+    code = main(["bench", "--target", "tiny-target", "--draft", "tiny-draft", "ngram",
+                 "--gammas", "2", "--prompts", str(prompts), "--max-new-tokens", "5",
+                 "--temperature", "0", "--repeats", "1", "--warmup", "0", "--verify", "token",
+                 "--json", str(out), "--plot", str(plot), "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(out.read_text())
+    assert result["config"]["prompts_source"] == str(prompts)
+    assert plot.exists()
+    assert "T = 0, grounded prompts" in captured.out and "recommended γ" in captured.out
+    assert captured.err == ""
+    assert all(math.isfinite(r["tokens_per_s"]) for r in result["rows"])
