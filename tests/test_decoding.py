@@ -155,13 +155,13 @@ def record_feeds(monkeypatch):
     """Record (model, cache length before, tokens fed) for every forward pass."""
     from exactspec.kvmodel import CachedModel
 
-    feeds, original = [], CachedModel.feed
+    feeds, original = [], CachedModel._run
 
-    def feed(self, tokens, valid=None):
+    def run(self, tokens, valid, **kwargs):
         feeds.append((self.model, self.length, tokens.size(1)))
-        return original(self, tokens, valid)
+        return original(self, tokens, valid, **kwargs)
 
-    monkeypatch.setattr(CachedModel, "feed", feed)
+    monkeypatch.setattr(CachedModel, "_run", run)
     return feeds
 
 
@@ -287,5 +287,5 @@ def test_incompatible_vocabularies_are_refused(tiny_pair, tiny_tokenizer):
 def test_nan_logits_name_the_model_and_position(tiny_pair):
     target, draft = tiny_pair
     draft.lm_head.weight.data[5] = float("nan")  # a broken output row: NaN logits everywhere
-    with pytest.raises(ValueError, match=r"model .* produced NaN or \+inf logits at position 0"):
+    with pytest.raises(ValueError, match=r"model .* produced NaN or \+inf logits at position 5"):
         es.speculative_generate(target, draft, ids(PROMPTS[0]), gamma=2, max_new_tokens=3)

@@ -255,7 +255,7 @@ def _generate(target, drafter, input_ids, attention_mask, *, gamma: int, max_new
     clock = _Clock(lm.device)
     rows = _Rows(ids.size(0), max_new_tokens, eos, clock, on_tokens)
     if ids.size(1) > 1:
-        lm.feed(ids[:, :-1], valid[:, :-1])  # prefill: the prompt minus its last token
+        lm.prefill(ids[:, :-1], valid[:, :-1])  # the prompt minus its last token
     drafter.start(ids, valid, vocab)
     for stats in rows.stats:  # every row took part in the prefills
         stats.target_calls, stats.draft_calls = lm.calls, drafter.calls

@@ -65,7 +65,7 @@ class ModelDrafter:
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         self.lm = CachedModel(self.model, self.name, vocab_size, input_ids.size(0))
         if input_ids.size(1) > 1:
-            self.lm.feed(input_ids[:, :-1], valid[:, :-1])
+            self.lm.prefill(input_ids[:, :-1], valid[:, :-1])
         self.pending = input_ids[:, -1:]  # [B, 1]
         self.pending_valid = torch.ones_like(self.pending, dtype=torch.bool)  # [B, 1]
 

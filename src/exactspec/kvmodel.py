@@ -46,6 +46,7 @@ class CachedModel:
         self.model, self.name, self.vocab_size = model, name, vocab_size
         self.device = next(model.parameters()).device
         self._cache_arg = _cache_argument(model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.cache = DynamicCache()
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)  # [B, T]
         self.calls = 0
@@ -61,23 +62,32 @@ class CachedModel:
         """Kept tokens per row, i.e. the position of each row's next token. [B]"""
         return self.valid.sum(dim=1)
 
+    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        """Fill the cache with tokens[B, n]; their logits are not needed, so only the last
+        position's are computed (a prompt's output layer would otherwise cost more than a step)."""
+        self._run(tokens, valid, **({"logits_to_keep": 1} if self._keeps_logits else {}))
+
     def feed(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Run tokens[B, n] after the cache; `valid[B, n]` marks padding slots (False) that become
         holes at once. Returns float logits[B, n, V] over the usable vocabulary (embedding rows
         past the tokenizer's vocabulary are dropped: zero probability)."""
         if valid is None:
             valid = torch.ones_like(tokens, dtype=torch.bool)
+        output, positions = self._run(tokens, valid)
+        logits = output.logits[..., : self.vocab_size]  # [B, n, V]
+        self._check_finite(logits, valid, positions)
+        return logits
+
+    def _run(self, tokens: torch.Tensor, valid: torch.Tensor, **kwargs):
         positions = self.kept.unsqueeze(1) + valid.long().cumsum(dim=1) - 1  # [B, n]
         self.valid = torch.cat([self.valid, valid], dim=1)  # [B, T + n]
         output = self.model(input_ids=tokens, attention_mask=self.valid.long(),
                             position_ids=positions.clamp(min=0), use_cache=True,
-                            **{self._cache_arg: self.cache})
+                            **{self._cache_arg: self.cache}, **kwargs)
         self.cache = getattr(output, self._cache_arg, None) or getattr(output, "past_key_values")
         self.calls += 1
         self.tokens_fed += int(valid.sum())
-        logits = output.logits[..., : self.vocab_size]  # [B, n, V]
-        self._check_finite(logits, valid, positions)
-        return logits
+        return output, positions
 
     def _check_finite(self, logits: torch.Tensor, valid: torch.Tensor,
                       positions: torch.Tensor) -> None:
