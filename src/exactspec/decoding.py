@@ -13,6 +13,7 @@ A row's output is exact however it is cut: a prefix of an exact sample is an exa
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -40,6 +41,8 @@ class DecodeStats:
     draft_calls: int = 0
     target_tokens_fed: int = 0
     draft_tokens_fed: int = 0
+    padding_fed: int = 0  # batches: padding slots run through either model
+    hole_fraction: float = 0.0  # batches: mean share of the target cache's columns that are holes
     wall_seconds: float = 0.0
     time_to_first_token: float | None = None
 
@@ -290,6 +293,8 @@ def _output(ids, valid, rows: _Rows, lm: CachedModel, drafter, rounds: int,
         sequences = torch.stack(sequences)  # [B, L + n]
     total = DecodeStats(rounds=rounds, target_calls=lm.calls, draft_calls=drafter.calls,
                         target_tokens_fed=lm.tokens_fed, draft_tokens_fed=drafter.tokens_fed,
+                        padding_fed=lm.padding_fed + getattr(drafter, "padding_fed", 0),
+                        hole_fraction=statistics.fmean(lm.hole_shares) if lm.hole_shares else 0.0,
                         wall_seconds=wall, time_to_first_token=rows.first_token_at)
     for stats in rows.stats:
         for counter in ("output_tokens", "accepted_drafts", "drafted_tokens", "corrections",

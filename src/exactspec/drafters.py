@@ -62,6 +62,10 @@ class ModelDrafter:
     def tokens_fed(self) -> int:
         return self.lm.tokens_fed if self.lm else 0
 
+    @property
+    def padding_fed(self) -> int:
+        return self.lm.padding_fed if self.lm else 0
+
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         self.lm = CachedModel(self.model, self.name, vocab_size, input_ids.size(0))
         if input_ids.size(1) > 1:

@@ -51,6 +51,8 @@ class CachedModel:
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)  # [B, T]
         self.calls = 0
         self.tokens_fed = 0
+        self.padding_fed = 0  # padding slots run through the model (a cost of batching)
+        self.hole_shares: list[float] = []  # share of hole columns after each round
 
     @property
     def length(self) -> int:
@@ -86,7 +88,9 @@ class CachedModel:
                             **{self._cache_arg: self.cache}, **kwargs)
         self.cache = getattr(output, self._cache_arg, None) or getattr(output, "past_key_values")
         self.calls += 1
-        self.tokens_fed += int(valid.sum())
+        kept = int(valid.sum())
+        self.tokens_fed += kept
+        self.padding_fed += valid.numel() - kept
         return output, positions
 
     def _check_finite(self, logits: torch.Tensor, valid: torch.Tensor,
@@ -106,6 +110,8 @@ class CachedModel:
         self._crop_shared_holes()
         if self.length > 32 and self.valid.float().mean() < 0.5:
             self.compact()
+        if self.valid.numel():
+            self.hole_shares.append(1 - self.valid.float().mean().item())
 
     def _crop_shared_holes(self) -> None:
         live = self.valid.any(dim=0)  # [T]

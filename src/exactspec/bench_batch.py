@@ -1,0 +1,88 @@
+"""Batch throughput: total output tokens/s of plain and speculative decoding at several batch
+sizes (`exactspec bench --batch-sizes 1,4,8`).
+
+A batch of B rows takes the built-in (or given) prompts in turn, left-padded; every run of one
+(batch size, temperature) uses the same seed, and reports the median over `repeats` after
+`warmup` untimed runs. Besides tokens/s each speculative row reports what batching costs that a
+single row would not pay:
+
+- ``padding_fed``: slots run through either model that were padding (a row catching up one
+  token while another catches up two), as a fraction of all slots fed;
+- ``hole_fraction``: the mean share of the target's cache columns that are holes after a round
+  (drafts one row rejected while another kept its, plus left padding): attention over them is
+  wasted, the forward passes themselves are not.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from exactspec.bench import BenchConfig, encode_prompt
+from exactspec.decoding import autoregressive_generate, speculative_generate
+
+
+def batch_inputs(prompt_ids: list[torch.Tensor], batch_size: int):
+    """input_ids[B, L] and attention_mask[B, L]: prompts taken in turn, left-padded."""
+    rows = [prompt_ids[i % len(prompt_ids)][0] for i in range(batch_size)]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(batch_size, width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+    return ids, mask
+
+
+def _timed(generate: Callable, repeats: int, warmup: int) -> tuple[float, object]:
+    """Median tokens/s over `repeats` runs after `warmup`, and the last run's output."""
+    for _ in range(warmup):
+        generate()
+    rates, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = generate()
+        rates.append(out.stats.output_tokens / (time.perf_counter() - start))
+    return statistics.median(rates), out
+
+
+def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: list[int],
+                     log: Callable[[str], None] = lambda _m: None) -> list[dict]:
+    """One row per (batch size, temperature, method, draft, γ, rule): total output tokens/s and
+    its ratio to plain decoding at the same batch size."""
+    prompt_ids = [encode_prompt(target, p.text) for p in config.prompts]
+    rows = []
+    for batch_size in batch_sizes:
+        ids, mask = batch_inputs(prompt_ids, batch_size)
+        for temperature in config.temperatures:
+            common = dict(attention_mask=mask, max_new_tokens=config.max_new_tokens,
+                          temperature=temperature, top_k=config.top_k, top_p=config.top_p,
+                          seed=config.seed, eos_token_id=[])
+            log(f"batch {batch_size}, T = {temperature:g}: autoregressive ...")
+            plain, _ = _timed(lambda: autoregressive_generate(target, ids, **common),
+                                 config.repeats, config.warmup)
+            base = {"batch_size": batch_size, "temperature": temperature}
+            rows.append({**base, "method": "autoregressive", "draft": None, "gamma": None,
+                         "verify": None, "tokens_per_s": plain, "speedup": 1.0})
+            for spec, draft in drafts.items():
+                for gamma in config.gammas:
+                    for rule in config.verify:
+                        log(f"batch {batch_size}, T = {temperature:g}: {spec} γ = {gamma} "
+                            f"{rule} ...")
+                        rate, out = _timed(
+                            lambda: speculative_generate(target, draft, ids, gamma=gamma,
+                                                         method=rule, **common),
+                            config.repeats, config.warmup)
+                        rows.append({**base, "method": "speculative", "draft": spec,
+                                     "gamma": gamma, "verify": rule, "tokens_per_s": rate,
+                                     "speedup": rate / plain,
+                                     "acceptance_rate": out.stats.acceptance_rate,
+                                     "tokens_per_round": statistics.fmean(
+                                         s.tokens_per_round for s in out.row_stats),
+                                     "padding_fed": out.stats.padding_fed
+                                     / (out.stats.target_tokens_fed + out.stats.draft_tokens_fed
+                                        + out.stats.padding_fed),
+                                     "hole_fraction": out.stats.hole_fraction})
+    return rows
+

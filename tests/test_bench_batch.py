@@ -1,0 +1,28 @@
+"""`bench_batch`: throughput rows at several batch sizes (tiny models; no timing thresholds)."""
+import torch
+
+from exactspec.bench import BenchConfig, BenchPrompt
+from exactspec.bench_batch import batch_inputs, batch_throughput
+
+
+def test_batch_inputs_take_prompts_in_turn_left_padded():
+    ids, mask = batch_inputs([torch.tensor([[5, 6, 7]]), torch.tensor([[8]])], 3)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [5, 6, 7]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [1, 1, 1]]
+
+
+def test_batch_throughput_rows(tiny_loaded_pair):
+    target, draft = tiny_loaded_pair
+    config = BenchConfig(target="tiny", drafts=["tiny-draft", "ngram"], gammas=[2],
+                         temperatures=[0.0, 1.0], verify=["block"], max_new_tokens=6, repeats=1,
+                         warmup=0, prompts=[BenchPrompt("a", "open", "w1 w2 w3 w1 w2"),
+                                            BenchPrompt("b", "open", "w7")])
+    rows = batch_throughput(target, {"tiny-draft": draft, "ngram": "ngram"}, config, [1, 3])
+    assert len(rows) == 2 * 2 * 3  # batch sizes × temperatures × (plain + 2 drafts)
+    for row in rows:
+        assert row["tokens_per_s"] > 0 and row["batch_size"] in (1, 3)
+        if row["method"] == "speculative":
+            assert row["speedup"] > 0 and 0 <= row["padding_fed"] < 1
+            assert 0 <= row["hole_fraction"] < 1 and row["tokens_per_round"] >= 1
+    single = [r for r in rows if r["method"] == "speculative" and r["batch_size"] == 1]
+    assert all(r["padding_fed"] == 0 for r in single)  # one row never pads
