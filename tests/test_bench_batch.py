@@ -26,3 +26,13 @@ def test_batch_throughput_rows(tiny_loaded_pair):
             assert 0 <= row["hole_fraction"] < 1 and row["tokens_per_round"] >= 1
     single = [r for r in rows if r["method"] == "speculative" and r["batch_size"] == 1]
     assert all(r["padding_fed"] == 0 for r in single)  # one row never pads
+
+
+def test_bench_cli_rejects_bad_batch_sizes(capsys):
+    from exactspec.cli import main
+
+    for bad in ("0", "x,2", ""):
+        assert main(["bench", "--batch-sizes", bad]) == 2
+        err = capsys.readouterr().err
+        assert "--batch-sizes must be comma-separated integers >= 1" in err
+        assert len(err.strip().splitlines()) == 1

@@ -86,3 +86,24 @@ def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: lis
                                      "hole_fraction": out.stats.hole_fraction})
     return rows
 
+
+
+def run_batch_benchmark(config: BenchConfig, batch_sizes: list[int],
+                        log: Callable[[str], None] = lambda _m: None) -> dict:
+    """Load the models of `config` and measure `batch_throughput`: {config, machine, batch}."""
+    from exactspec.bench import NGRAM, machine_info
+    from exactspec.models import check_compatible, load_model
+
+    config.check()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    target = load_model(config.target, device=config.device)
+    drafts = {}
+    for spec in config.drafts:
+        drafts[spec] = NGRAM if spec == NGRAM else load_model(spec, device=config.device)
+        if spec != NGRAM:
+            check_compatible(target, drafts[spec])
+    log(f"loaded {target.spec} and {len(drafts)} draft(s)")
+    rows = batch_throughput(target, drafts, config, batch_sizes, log)
+    return {"config": {**config.to_dict(), "batch_sizes": batch_sizes},
+            "machine": machine_info(target.device), "batch": rows}

@@ -4,6 +4,7 @@ Transformers' own (assisted) generation, with the cost model made from measureme
     exactspec bench [--target NAME] [--draft NAME|ngram ...] [--gammas 4] [--prompts FILE]
                     [--max-new-tokens 32] [--temperature 0 0.8] [--repeats 3] [--warmup 1]
                     [--peers/--no-peers] [--verify block,token] [--json OUT] [--plot OUT.png]
+    exactspec bench --batch-sizes 1,4,8 [same options]   batch throughput instead
 
 Progress goes to stderr, the tables to stdout. Options are checked before any model loads, so
 bad input is one line naming the option.
@@ -60,6 +61,9 @@ def register(subparsers) -> None:
     p.add_argument("--threads", default=None, help="torch CPU threads (default: torch's own)")
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON to OUT")
     p.add_argument("--plot", metavar="OUT.png", help="draw the measured cost model to OUT.png")
+    p.add_argument("--batch-sizes", metavar="B,B,...",
+                   help="measure batch throughput instead: total tokens/s of plain and "
+                        "speculative decoding at these batch sizes, e.g. 1,4,8")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run_bench)
 
@@ -208,10 +212,49 @@ def print_result(result: dict) -> None:
         _show(c["points"], COST_COLUMNS)
 
 
+BATCH_COLUMNS = [
+    ("B", "batch_size", "{}"), ("T", "temperature", "{:g}"), ("method", "method", "{}"),
+    ("draft", "draft", "{}"), ("γ", "gamma", "{}"), ("verify", "verify", "{}"),
+    ("tok/s (all rows)", "tokens_per_s", "{:.1f}"), ("×AR", "speedup", "{:.2f}"),
+    ("acc.rate", "acceptance_rate", "{:.3f}"), ("tok/round/row", "tokens_per_round", "{:.2f}"),
+    ("padding fed", "padding_fed", "{:.1%}"), ("cache holes", "hole_fraction", "{:.1%}"),
+]
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise CliError(f"--batch-sizes must be comma-separated integers >= 1, got {text!r}")
+    return list(dict.fromkeys(sizes))
+
+
+def run_batch_bench(args, config) -> int:
+    from exactspec import bench
+    from exactspec.bench_batch import run_batch_benchmark
+
+    sizes = parse_batch_sizes(args.batch_sizes)
+    json_path = _output_path("--json", args.json)
+    result = run_batch_benchmark(config, sizes, log=(lambda _m: None) if args.quiet
+                                 else bench._stderr)
+    if json_path:
+        bench.write_json(result, json_path)
+    print(f"exactspec bench --batch-sizes: target {config.target}, {config.max_new_tokens} new "
+          f"tokens per row (EOS off), median of {config.repeats} runs after {config.warmup}")
+    _show(result["batch"], BATCH_COLUMNS)
+    if json_path:
+        print(f"\nwrote {json_path}")
+    return 0
+
+
 def run_bench(args) -> int:
     from exactspec import bench
 
     config = config_from_args(args)
+    if args.batch_sizes is not None:
+        return run_batch_bench(args, config)
     json_path = _output_path("--json", args.json)
     plot_path = _output_path("--plot", args.plot)
     result = bench.run_benchmark(config, log=None if args.quiet else bench._stderr)
