@@ -169,8 +169,7 @@ def expected_emitted(tables, gamma, method):
     return sum(prob * len(emitted) for prob, emitted in round_outcomes(tables, gamma, method))
 
 
-CASES = [(vocab, gamma, seed) for vocab in (2, 3, 4) for gamma in (1, 2, 3, 4) for seed in range(3)
-         if vocab ** (2 * gamma + 1) <= 4 ** 7]
+CASES = [(vocab, gamma, seed) for vocab in (2, 3, 4) for gamma in (1, 2, 3, 4) for seed in range(3)]
 
 
 @pytest.mark.parametrize("method", ["token", "block"])

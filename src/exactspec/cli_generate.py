@@ -261,6 +261,10 @@ def run_demo(args) -> int:
         print(text.strip() + "\n")
     print_table(_stats_rows(stats), STATS_COLUMNS, STATS_FORMATS)
     print(f"\nspeedup (tokens/s, speculative / autoregressive): {speedup:.2f}x")
+    if speedup < 1:
+        print("drafting did not pay on this machine: the draft costs too much per token next to "
+              "the target (run `exactspec bench` for the measured cost model and the best γ, or "
+              "try `exactspec generate --draft ngram` on text that copies its prompt)")
     if args.temperature == 0:
         print("greedy outputs identical: " + ("yes" if identical else "NO"))
     return 0
