@@ -115,3 +115,12 @@ def bundled_pair():
         pytest.skip(str(err))
     draft = load_model(BUNDLED_MODEL, dtype="bfloat16", device="cpu")
     return target, draft
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest (and least disturbed by other load) on one torch thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

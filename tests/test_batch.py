@@ -7,15 +7,9 @@ import exactspec as es
 from exactspec.drafters import NGramDrafter, SamplingConfig
 from test_decoding import ALPHA, chi_square_pvalue, hf_greedy, target_joint
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 PROMPTS = [[1, 5, 9, 5, 9, 5, 9], [1, 7], [1, 20, 21, 22, 20]]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def near_copy(model, noise=0.3, seed=0):

@@ -10,6 +10,8 @@ import exactspec as es
 from exactspec.drafters import ModelDrafter, NGramDrafter
 from conftest import make_tiny_llama
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ALPHA = 1e-6  # false-failure rate of each statistical test (fixed seeds make it repeatable)
 PROMPTS = [[1, 5, 9, 5, 9, 5], [1, 20, 21, 22, 20, 21], [1, 7]]
 
@@ -92,15 +94,6 @@ CASES = [
     ("ngram", NGRAM_PROMPT, dict(temperature=0.5, top_k=6)),
     ("ngram", NGRAM_PROMPT, dict(temperature=0.6, top_p=0.7)),
 ]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest (and least disturbed by other load) on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("method", ["token", "block"])
