@@ -50,19 +50,15 @@ class BlockResult:
 # --------------------------------------------------------------------------- logits → probs
 
 
-def _check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
+def check_sampling_args(temperature: float = 1.0, top_k: int | None = None,
+                        top_p: float | None = None) -> None:
+    """Raise ValueError naming the first bad sampling setting."""
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be an integer >= 1 or None, got {top_k}")
     if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-
-
-def check_sampling_args(temperature: float = 1.0, top_k: int | None = None,
-                        top_p: float | None = None) -> None:
-    """Raise ValueError naming the first bad sampling setting."""
-    _check_sampling_args(temperature, top_k, top_p)
 
 
 def _top_k_filter(scores: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -91,7 +87,7 @@ def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     Temperature 0 means greedy: a one-hot at the argmax (lowest index on ties). The same function
     with the same settings makes both p and q. Half-precision logits are computed in float32.
     """
-    _check_sampling_args(temperature, top_k, top_p)
+    check_sampling_args(temperature, top_k, top_p)
     if torch.isnan(logits).any() or torch.isposinf(logits).any():
         raise ValueError("logits contain NaN or +inf")
     if logits.dtype in (torch.float16, torch.bfloat16):
