@@ -159,9 +159,9 @@ def record_feeds(monkeypatch):
 
 
 def test_caches_are_reused_and_cut_back(tiny_pair, monkeypatch):
-    """Target and draft: the prompt minus one token once. Then the target takes γ'+1 tokens per
-    round; the draft only what it has not seen (the correction, or its last draft and the bonus)
-    and one token per further proposal. No full-sequence recomputation after the prefill."""
+    """Target and draft: the whole prompt once. Then the target takes the first round's γ' drafts
+    and γ'+1 tokens per later round; the draft only what it has not seen (the correction, or its
+    last draft and the bonus) and one token per further proposal. No recomputation."""
     target, draft = tiny_pair
     feeds = record_feeds(monkeypatch)
     prompt, n = PROMPTS[1], 40
@@ -171,14 +171,15 @@ def test_caches_are_reused_and_cut_back(tiny_pair, monkeypatch):
     assert s.output_tokens == n == s.accepted_drafts + s.corrections + s.bonus_tokens
     assert s.corrections > 0 and s.bonus_tokens > 0  # both paths were taken
     target_sizes = [size for model, _, size in feeds if model is target]
-    assert target_sizes[0] == len(prompt) - 1
+    assert target_sizes[0] == len(prompt)
     assert len(target_sizes) == s.target_calls == s.rounds + 1
-    assert sum(target_sizes) == s.target_tokens_fed == len(prompt) - 1 + s.drafted_tokens + s.rounds
+    assert sum(target_sizes) == s.target_tokens_fed == len(prompt) + s.drafted_tokens + s.rounds - 1
     draft_sizes = [size for model, _, size in feeds if model is draft]
-    assert draft_sizes[0] == len(prompt) - 1
+    assert draft_sizes[0] == len(prompt)
     assert set(draft_sizes[1:]) <= {1, 2}
     assert draft_sizes.count(2) <= s.bonus_tokens  # a 2-token catch-up follows each bonus
-    assert len(draft_sizes) == s.draft_calls == s.drafted_tokens + 1  # prefill + one per draft
+    # the prefill, then one pass per drafted token but the very first (scored by the prefill)
+    assert len(draft_sizes) == s.draft_calls == s.drafted_tokens
     assert sum(draft_sizes) == s.draft_tokens_fed
     row = out.row_stats[0]  # one row: its counters are the batch's
     assert (row.target_calls, row.draft_calls, row.rounds) == (s.target_calls, s.draft_calls, s.rounds)
@@ -282,3 +283,12 @@ def test_nan_logits_name_the_model_and_position(tiny_pair):
     draft.lm_head.weight.data[5] = float("nan")  # a broken output row: NaN logits everywhere
     with pytest.raises(ValueError, match=r"model .* produced NaN or \+inf logits at position 5"):
         es.speculative_generate(target, draft, ids(PROMPTS[0]), gamma=2, max_new_tokens=3)
+
+
+def test_plain_decoding_makes_one_pass_per_token(tiny_pair):
+    """The prefill's logits give the first token: n tokens cost n target passes, like
+    Transformers' generate()."""
+    target, _ = tiny_pair
+    out = es.autoregressive_generate(target, ids(PROMPTS[0]), max_new_tokens=10, eos_token_id=[])
+    assert out.stats.target_calls == 10
+    assert out.stats.target_tokens_fed == len(PROMPTS[0]) + 9

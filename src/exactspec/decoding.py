@@ -4,8 +4,9 @@ A round (the seed's Part 7): the drafter proposes γ tokens x_1..x_γ per row wi
 target scores [last committed token, x_1..x_γ] of every row in one pass, giving p_1..p_{γ+1};
 `verify_block` keeps a prefix of each row's drafts and adds one correction or bonus token. Rows
 keep different numbers of tokens; `CachedModel` masks what a row did not keep (its docstring says
-why holes beat re-feeding). Each row's cache holds its committed tokens minus the last one, so a
-round feeds exactly γ+1 tokens per row. Plain decoding is the same loop with no drafter (γ = 0:
+why holes beat re-feeding). The prefill scores the whole prompt and keeps the logits after it, so
+the first round feeds only its γ drafts; after that each row's cache holds its committed tokens
+minus the last one (the correction or bonus), and a round feeds exactly γ+1 tokens per row. Plain decoding is the same loop with no drafter (γ = 0:
 each round draws the bonus token from p).
 
 Rows that end (EOS or their token budget) leave the batch, so they stop costing compute.
@@ -196,7 +197,7 @@ class _Rows:
     def budget_left(self) -> int:
         return max(self.max_new_tokens - len(self.new[r]) for r in self.active.tolist())
 
-    def record(self, result, drafted: int, draft_calls: int) -> torch.Tensor:
+    def record(self, result, drafted: int, target_calls: int, draft_calls: int) -> torch.Tensor:
         """Count one round per active row; return the batch positions of rows still going."""
         now = self.clock.read()
         if self.first_token_at is None:
@@ -207,7 +208,7 @@ class _Rows:
             new = _cut(result.tokens[i, : tau + 1].tolist(), self.eos,
                        self.max_new_tokens - len(self.new[row]))
             self.new[row].extend(new)
-            _count_round(self.stats[row], new, drafted, tau, draft_calls)
+            _count_round(self.stats[row], new, drafted, tau, target_calls, draft_calls)
             if self.stats[row].time_to_first_token is None and new:
                 self.stats[row].time_to_first_token = now
             if self.on_tokens is not None and new:
@@ -226,10 +227,10 @@ class _Rows:
 
 
 def _count_round(stats: DecodeStats, new: list[int], drafted: int, tau: int,
-                 draft_calls: int) -> None:
+                 target_calls: int, draft_calls: int) -> None:
     """Count what the round emitted for one row (EOS or the budget may have cut it short)."""
     stats.rounds += 1
-    stats.target_calls += 1
+    stats.target_calls += target_calls
     stats.draft_calls += draft_calls
     stats.drafted_tokens += drafted
     stats.output_tokens += len(new)
@@ -257,8 +258,7 @@ def _generate(target, drafter, input_ids, attention_mask, *, gamma: int, max_new
     generator, eos = _generator(seed, lm.device), _eos_set(eos_token_id, (model, tokenizer))
     clock = _Clock(lm.device)
     rows = _Rows(ids.size(0), max_new_tokens, eos, clock, on_tokens)
-    if ids.size(1) > 1:
-        lm.prefill(ids[:, :-1], valid[:, :-1])  # the prompt minus its last token
+    after_prompt = lm.prefill(ids, valid)  # [B, V], the logits of the first new position
     drafter.start(ids, valid, vocab)
     for stats in rows.stats:  # every row took part in the prefills
         stats.target_calls, stats.draft_calls = lm.calls, drafter.calls
@@ -266,17 +266,24 @@ def _generate(target, drafter, input_ids, attention_mask, *, gamma: int, max_new
     rounds = 0
     while max_new_tokens > 0 and rows.active.numel():
         block = min(gamma, rows.budget_left() - 1)  # the longest budget left decides
-        calls_before = drafter.calls
+        calls_before = (lm.calls, drafter.calls)
         proposal = drafter.propose(block, sampling, generator)
         drafts = proposal.tokens.to(lm.device)  # [b, γ']
-        p = sampling.probs(lm.feed(torch.cat([last.unsqueeze(1), drafts], dim=1)))  # [b, γ'+1, V]
+        if after_prompt is None:  # the cache lacks the last committed token: feed it first
+            logits = lm.feed(torch.cat([last.unsqueeze(1), drafts], dim=1))  # [b, γ'+1, V]
+        else:  # the first round: the prefill already scored the prompt's last token
+            scored = lm.feed(drafts) if drafts.size(1) else after_prompt.unsqueeze(1)[:, :0]
+            logits = torch.cat([after_prompt.unsqueeze(1), scored], dim=1)  # [B, γ'+1, V]
+            after_prompt = None
+        p = sampling.probs(logits)  # [b, γ'+1, V]
         result = verify_block(drafts, proposal.q, p, generator, method)
         tau = result.num_accepted  # [b]
         last = result.tokens.gather(1, tau.unsqueeze(1)).squeeze(1)  # [b], correction or bonus
         lm.discard_last(drafts.size(1) - tau)  # rule 3: drop the drafts after a rejection
         drafter.commit(tau, last)
         rounds += 1
-        going = rows.record(result, drafts.size(1), drafter.calls - calls_before)
+        going = rows.record(result, drafts.size(1), lm.calls - calls_before[0],
+                            drafter.calls - calls_before[1])
         if going.numel() < rows.active.numel():
             rows.active, last = rows.active[going], last[going]
             if going.numel():

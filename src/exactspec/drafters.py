@@ -68,10 +68,9 @@ class ModelDrafter:
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         self.lm = CachedModel(self.model, self.name, vocab_size, input_ids.size(0))
-        if input_ids.size(1) > 1:
-            self.lm.prefill(input_ids[:, :-1], valid[:, :-1])
-        self.pending = input_ids[:, -1:]  # [B, 1]
-        self.pending_valid = torch.ones_like(self.pending, dtype=torch.bool)  # [B, 1]
+        self.next_logits = self.lm.prefill(input_ids, valid)  # [B, V], used while nothing is pending
+        self.pending = input_ids[:, :0]  # [B, 0]
+        self.pending_valid = valid[:, :0]  # [B, 0]
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
@@ -79,7 +78,10 @@ class ModelDrafter:
         if gamma == 0:  # the budget's last token: nothing to draft, nothing to feed
             self.drafts = self.pending.new_empty(batch, 0)
             return Proposal(self.drafts, None)
-        logits = self.lm.feed(self.pending, self.pending_valid)[:, -1]  # [B, V]
+        if self.pending.size(1):
+            logits = self.lm.feed(self.pending, self.pending_valid)[:, -1]  # [B, V]
+        else:
+            logits = self.next_logits  # [B, V], straight after the prefill
         tokens, qs = [], []
         for i in range(gamma):
             q_i = sampling.probs(logits)  # [B, V]
@@ -95,7 +97,8 @@ class ModelDrafter:
         gamma = self.drafts.size(1)
         if gamma == 0:  # nothing was fed this round: the next token joins the pending ones
             self.pending = torch.cat([self.pending, next_tokens.unsqueeze(1)], dim=1)
-            self.pending_valid = torch.cat([self.pending_valid, self.pending_valid[:, -1:]], dim=1)
+            self.pending_valid = torch.cat([self.pending_valid, torch.ones_like(next_tokens.unsqueeze(1),
+                                                                                dtype=torch.bool)], dim=1)
             return
         # Fed drafts x_1..x_{γ-1}; those after the kept ones become holes.
         self.lm.discard_last((gamma - 1 - num_accepted).clamp(min=0))

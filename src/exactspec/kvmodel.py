@@ -64,10 +64,15 @@ class CachedModel:
         """Kept tokens per row, i.e. the position of each row's next token. [B]"""
         return self.valid.sum(dim=1)
 
-    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
-        """Fill the cache with tokens[B, n]; their logits are not needed, so only the last
-        position's are computed (a prompt's output layer would otherwise cost more than a step)."""
-        self._run(tokens, valid, **({"logits_to_keep": 1} if self._keeps_logits else {}))
+    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Fill the cache with the prompts tokens[B, n] (left-padded, so the last column is a real
+        token in every row) and return the logits after them, [B, V]. Only the last position's
+        logits are computed: a prompt's output layer would otherwise cost more than a step."""
+        keep = {"logits_to_keep": 1} if self._keeps_logits else {}
+        output, positions = self._run(tokens, valid, **keep)
+        logits = output.logits[:, -1:, : self.vocab_size]  # [B, 1, V]
+        self._check_finite(logits, valid[:, -1:], positions[:, -1:])
+        return logits[:, 0]  # [B, V]
 
     def feed(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Run tokens[B, n] after the cache; `valid[B, n]` marks padding slots (False) that become
