@@ -52,7 +52,8 @@ from typing import Callable, Iterable
 import torch
 
 from exactspec import costmodel
-from exactspec.models import BUNDLED_MODEL
+from exactspec.decoding import synchronize
+from exactspec.models import BUNDLED_MODEL, encode_prompt
 
 METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted")
 VERIFY_METHODS = ("block", "token")
@@ -166,20 +167,6 @@ def parse_verify(text: str) -> list[str]:
     return [m for m in VERIFY_METHODS if m in items]
 
 
-def encode_prompt(loaded, text: str) -> torch.Tensor:
-    """Token ids [1, L]: through the tokenizer's chat template when it has one."""
-    tokenizer = loaded.tokenizer
-    if tokenizer is None:
-        raise ValueError(f"model {loaded.name!r} has no tokenizer to encode the prompts")
-    if getattr(tokenizer, "chat_template", None):
-        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                add_generation_prompt=True, return_tensors="pt")
-        ids = encoded if isinstance(encoded, torch.Tensor) else encoded["input_ids"]
-    else:
-        ids = tokenizer(text, return_tensors="pt").input_ids
-    return ids.to(torch.long)  # [1, L]
-
-
 # --------------------------------------------------------------------------- configuration
 
 
@@ -290,11 +277,6 @@ class RunResult:
     stats: object | None = None  # DecodeStats for exactspec methods
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class _FirstTokenStreamer:
     """A Transformers streamer that only notes when the first new token arrives (the first
     `put` carries the prompt)."""
@@ -305,7 +287,7 @@ class _FirstTokenStreamer:
     def put(self, value) -> None:
         self.calls += 1
         if self.calls == 2 and self.first is None:
-            _sync(self.device)
+            synchronize(self.device)
             self.first = time.perf_counter() - self.start
 
     def end(self) -> None:
@@ -373,14 +355,14 @@ class Runner:
 
         kwargs = dict(max_new_tokens=max_new_tokens, seed=seed, eos_token_id=[],
                       on_tokens=on_tokens, **self.sampling(spec.temperature))
-        _sync(self.device)
+        synchronize(self.device)
         start = time.perf_counter()
         if spec.method == "autoregressive":
             out = autoregressive_generate(self.target, input_ids, **kwargs)
         else:
             out = speculative_generate(self.target, self.drafts[spec.draft], input_ids,
                                        gamma=spec.gamma, method=spec.verify, **kwargs)
-        _sync(self.device)
+        synchronize(self.device)
         wall = time.perf_counter() - start
         tokens = out.sequences[0, input_ids.size(1):].tolist()
         return RunResult(tokens, wall, first[0] if first else None, out.stats)
@@ -451,12 +433,12 @@ class Runner:
         with self._assistant(spec) as assistant, _quiet_transformers(), \
                 _seeded_global_rng(seed, self.device):
             kwargs = {"assistant_model": assistant} if assistant is not None else {}
-            _sync(self.device)
+            synchronize(self.device)
             start = time.perf_counter()
             streamer = _FirstTokenStreamer(start, self.device)
             out = model.generate(input_ids, attention_mask=attention_mask,
                                  generation_config=gen_config, streamer=streamer, **kwargs)
-            _sync(self.device)
+            synchronize(self.device)
             wall = time.perf_counter() - start
         tokens = out[0, input_ids.size(1):].tolist()
         return RunResult(tokens, wall, streamer.first)
@@ -480,27 +462,18 @@ def time_forward(loaded, context_ids: torch.Tensor, sizes: Iterable[int], *, rep
     context_ids = context_ids.to(device)
     sizes = sorted(set(sizes))
     lm.feed(context_ids[:, :-1])
-    base = lm.length
     new = context_ids[:, -1:].repeat(1, max(sizes))  # [1, n_max] any real token ids will do
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for i in range(warmup + repeats):
         for n in sizes:
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             lm.feed(new[:, :n])
-            _sync(device)
+            synchronize(device)
             if i >= warmup:
                 times[n].append(time.perf_counter() - start)
-            _rewind(lm, base, n)
+            lm.discard_last(torch.tensor([n]))  # back to the context
     return {n: statistics.median(ts) for n, ts in times.items()}
-
-
-def _rewind(lm, base: int, n: int) -> None:
-    """Drop the n tokens just fed (CachedModel.discard_last, or crop in older engines)."""
-    if hasattr(lm, "discard_last"):
-        lm.discard_last(torch.tensor([n]))
-    else:
-        lm.crop(base)
 
 
 def time_ngram_draft(context_ids: torch.Tensor, gamma: int, *, repeats: int = 50) -> float:

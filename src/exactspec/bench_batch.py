@@ -20,19 +20,14 @@ from typing import Callable
 
 import torch
 
-from exactspec.bench import BenchConfig, encode_prompt
-from exactspec.decoding import autoregressive_generate, speculative_generate
+from exactspec.bench import BenchConfig
+from exactspec.decoding import autoregressive_generate, pad_prompts, speculative_generate
+from exactspec.models import encode_prompt
 
 
 def batch_inputs(prompt_ids: list[torch.Tensor], batch_size: int):
     """input_ids[B, L] and attention_mask[B, L]: prompts taken in turn, left-padded."""
-    rows = [prompt_ids[i % len(prompt_ids)][0] for i in range(batch_size)]
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(batch_size, width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
-    return ids, mask
+    return pad_prompts([prompt_ids[i % len(prompt_ids)][0] for i in range(batch_size)])
 
 
 def _timed(generate: Callable, repeats: int, warmup: int) -> tuple[float, object]:

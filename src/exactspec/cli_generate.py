@@ -97,34 +97,10 @@ def read_prompts(path: str) -> list[str]:
 
 def encode_batch(loaded, prompts: list[str], chat: bool | None):
     """Left-padded input_ids[B, L] and attention_mask[B, L] of the encoded prompts."""
-    import torch
+    from exactspec.decoding import pad_prompts
+    from exactspec.models import encode_prompt
 
-    rows = [encode_prompt(loaded, prompt, chat)[0] for prompt in prompts]
-    width = max(len(row) for row in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
-    return ids, mask
-
-
-def encode_prompt(loaded, prompt: str, chat: bool | None):
-    """Token ids [1, L] of the prompt, through the chat template when asked (or when the
-    tokenizer has one and `chat` is None)."""
-    if not prompt.strip():
-        raise CliError("the prompt is empty")
-    tokenizer = loaded.tokenizer
-    if tokenizer is None:
-        raise CliError(f"model {loaded.name!r} has no tokenizer to encode the prompt")
-    has_template = getattr(tokenizer, "chat_template", None) is not None
-    if chat and not has_template:
-        raise CliError(f"--chat: the tokenizer of {loaded.name!r} has no chat template")
-    if chat or (chat is None and has_template):
-        messages = [{"role": "user", "content": prompt}]
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                return_tensors="pt")
-        return getattr(encoded, "input_ids", encoded) if not hasattr(encoded, "dim") else encoded
-    return tokenizer(prompt, return_tensors="pt").input_ids
+    return pad_prompts([encode_prompt(loaded, prompt, chat)[0] for prompt in prompts])
 
 
 class TextStream:
@@ -234,7 +210,7 @@ def run_demo(args) -> int:
 
     _check_common(args)
     target, draft = _load(BUNDLED_MODEL), _load(DEFAULT_DRAFT)
-    input_ids = encode_prompt(target, args.prompt, None)
+    input_ids = encode_batch(target, [args.prompt], None)[0]
     _log("warming up both paths ...")
     warm = argparse.Namespace(**{**vars(args), "max_new_tokens": 8})
     _generate(target, draft, input_ids, warm)

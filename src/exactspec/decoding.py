@@ -116,7 +116,8 @@ def _generator(seed: int | None, device: torch.device) -> torch.Generator:
     return generator
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the accelerator before reading a clock (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -134,6 +135,16 @@ def _cut(tokens: list[int], eos: set[int], budget: int) -> list[int]:
         if token in eos:
             return tokens[: i + 1]
     return tokens[:budget]
+
+
+def pad_prompts(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids[B, L] and attention_mask[B, L] of 1-D prompts, left-padded with id 0."""
+    width = max(len(prompt) for prompt in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):], mask[row, width - len(prompt):] = prompt, 1
+    return ids, mask
 
 
 def _left_pad(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
@@ -155,11 +166,11 @@ class _Clock:
 
     def __init__(self, device: torch.device):
         self.device = device
-        _sync(device)
+        synchronize(device)
         self.start = time.perf_counter()
 
     def read(self) -> float:
-        _sync(self.device)
+        synchronize(self.device)
         return time.perf_counter() - self.start
 
 

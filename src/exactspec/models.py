@@ -61,6 +61,7 @@ __all__ = [
     "cache_root",
     "check_compatible",
     "context_length",
+    "encode_prompt",
     "eos_token_ids",
     "load_model",
     "model_config_context_length",
@@ -544,3 +545,23 @@ def eos_token_ids(obj) -> list[int]:
             if isinstance(i, int) and i not in ids:
                 ids.append(i)
     return ids
+
+
+def encode_prompt(loaded: LoadedModel, text: str, chat: bool | None = None) -> torch.Tensor:
+    """Token ids [1, L] of one user prompt: through the tokenizer's chat template when `chat`
+    is True, or when it is None and the tokenizer has a template; plain encoding otherwise."""
+    if not text.strip():
+        raise ValueError("the prompt is empty")
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
+        raise ValueError(f"model {loaded.name!r} has no tokenizer to encode the prompt")
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if chat and not has_template:
+        raise ValueError(f"chat: the tokenizer of {loaded.name!r} has no chat template")
+    if chat or (chat is None and has_template):
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                add_generation_prompt=True, return_tensors="pt")
+        ids = encoded if isinstance(encoded, torch.Tensor) else encoded["input_ids"]
+    else:
+        ids = tokenizer(text, return_tensors="pt").input_ids
+    return ids.to(torch.long)  # [1, L]

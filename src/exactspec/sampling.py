@@ -287,11 +287,9 @@ def _sample_num_accepted(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: 
     """
     batch, gamma = draft_tokens.shape
     uniforms = torch.rand(batch, gamma, generator=generator, dtype=p.dtype, device=p.device)
-    if method == "block":
+    if method == "block" and gamma > 0:
         h = _block_stop_probs_h(draft_tokens, q, p)  # [B, γ]
         positions = torch.arange(1, gamma + 1, device=p.device)  # [γ]
-        if gamma == 0:
-            return torch.zeros(batch, dtype=torch.long, device=p.device)  # [B]
         return torch.where(uniforms <= h, positions, 0).amax(dim=1)  # [B]
     kept = uniforms < acceptance_probs(draft_tokens, q, p)  # [B, γ]
     return kept.long().cumprod(dim=1).sum(dim=1)  # [B]
