@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import exactspec as es
-from exactspec.drafters import NGramDrafter, SamplingConfig
+from exactspec.drafters import NGramDrafter
+from exactspec.sampling import SamplingConfig
 from test_decoding import ALPHA, chi_square_pvalue, hf_greedy, target_joint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,7 +69,7 @@ def test_batch_rows_accept_different_numbers(tiny_pair):
 
 def test_batch_rows_end_early_and_leave_the_batch(tiny_pair, monkeypatch):
     """A row that hits EOS stops; the others go on; later passes no longer include it."""
-    from exactspec.kvmodel import CachedModel
+    from exactspec.cache import CachedModel
 
     target, draft = tiny_pair
     greedy = [hf_greedy(target, prompt, 30)[len(prompt):] for prompt in PROMPTS]
@@ -99,8 +100,8 @@ def test_batch_is_seeded(tiny_pair):
     assert all(torch.equal(a, b) for a, b in zip(runs[0].sequences, runs[1].sequences))
 
 
-@pytest.mark.parametrize("method", ["token", "block"])
-def test_batch_sampling_matches_target_joint_per_row(tiny_pair, method):
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_batch_sampling_matches_target_joint_per_row(tiny_pair, verify):
     """Two prompts of different lengths, 150 copies each per batch: the first 2 tokens of each
     row follow that prompt's exact joint distribution (chi-square, α = 1e-6 per prompt)."""
     target, draft = tiny_pair
@@ -109,7 +110,7 @@ def test_batch_sampling_matches_target_joint_per_row(tiny_pair, method):
     counts = [{}, {}]
     for seed in range(8):
         out = es.speculative_generate(target, draft, ids, attention_mask=mask, gamma=2,
-                                      max_new_tokens=3, seed=seed, eos_token_id=[], method=method)
+                                      max_new_tokens=3, seed=seed, eos_token_id=[], verify=verify)
         for row, seq in enumerate(out.sequences):
             which = row // copies
             key = tuple(seq[len(prompts[which]): len(prompts[which]) + 2].tolist())
@@ -121,7 +122,7 @@ def test_batch_sampling_matches_target_joint_per_row(tiny_pair, method):
 
 def test_compaction_keeps_rows_exact(tiny_pair):
     """Long ragged runs compact the cache (holes squeezed out) without changing any row."""
-    from exactspec.kvmodel import CachedModel
+    from exactspec.cache import CachedModel
 
     target, draft = tiny_pair
     calls, original = [], CachedModel.compact

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from exactspec import bench, costmodel
+from exactspec import costmodel
+from exactspec.bench import core as bench
 from exactspec.cli import main
 
 TINY_PROMPTS = [
@@ -205,8 +206,8 @@ def test_load_prompts(tmp_path):
     (["--gammas", ""], r"--gammas must be a comma-separated list"),
     (["--verify", "fast"], r"--verify"),
     (["--temperature", "-1"], r"--temperature must be a number >= 0, got -1"),
-    (["--repeats", "0"], r"--repeats must be an integer >= 1, got 0"),
-    (["--max-new-tokens", "ten"], r"--max-new-tokens must be an integer >= 1"),
+    (["--repeats", "0"], r"--repeats must be a positive integer, got 0"),
+    (["--max-new-tokens", "ten"], r"--max-new-tokens must be a positive integer"),
     (["--top-p", "1.5"], r"--top-p must be a number in \(0, 1\], got 1.5"),
 ])
 def test_bad_options_one_line_error(argv, message, capsys):

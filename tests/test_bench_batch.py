@@ -1,8 +1,8 @@
 """`bench_batch`: throughput rows at several batch sizes (tiny models; no timing thresholds)."""
 import torch
 
-from exactspec.bench import BenchConfig, BenchPrompt
-from exactspec.bench_batch import batch_inputs, batch_throughput
+from exactspec.bench.core import BenchConfig, BenchPrompt
+from exactspec.bench.batch import batch_inputs, batch_throughput
 
 
 def test_batch_inputs_take_prompts_in_turn_left_padded():

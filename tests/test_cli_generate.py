@@ -85,8 +85,8 @@ def test_generate_batch_of_prompts(tiny_folders, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("not json\n", r"line 1 of .* is not a JSON object"),
-    ('{"text": "x"}\n', r'with a "prompt" field'),
+    ("not json\n", r"line 1: not valid JSON"),
+    ('{"text": "x"}\n', r'line 1: expected an object with a non-empty "prompt" string'),
     ("\n", r"has no prompts"),
 ])
 def test_generate_bad_prompts_file(tiny_folders, capsys, tmp_path, content, message):

@@ -30,8 +30,8 @@ def hf_greedy(model, prompt, n):
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 8])
-@pytest.mark.parametrize("method", ["token", "block"])
-def test_greedy_speculative_matches_target_greedy(tiny_pair, gamma, method):
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_greedy_speculative_matches_target_greedy(tiny_pair, gamma, verify):
     target, draft = tiny_pair
     for prompt in PROMPTS:
         expected = hf_greedy(target, prompt, 24)
@@ -41,7 +41,7 @@ def test_greedy_speculative_matches_target_greedy(tiny_pair, gamma, method):
         for drafter in (draft, NGramDrafter()):
             out = es.speculative_generate(target, drafter, ids(prompt), gamma=gamma,
                                           max_new_tokens=24, temperature=0, eos_token_id=[],
-                                          method=method)
+                                          verify=verify)
             assert out.sequences[0].tolist() == expected
 
 
@@ -96,21 +96,21 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("verify", ["token", "block"])
 @pytest.mark.parametrize("drafter_kind, prompt, settings", CASES,
                          ids=["model-T1", "model-topk", "model-topp", "ngram-T.5", "ngram-topk",
                               "ngram-topp"])
 def test_speculative_sampling_matches_target_joint(tiny_pair, drafter_kind, prompt, settings,
-                                                   method):
+                                                   verify):
     """The first 2 tokens of speculative sampling (γ = 2, 3 new tokens) follow the target's exact
     joint distribution (chi-square, α = 1e-6)."""
     target, draft = tiny_pair
-    joint = target_joint(target, prompt, 2, es.drafters.SamplingConfig(**settings))
+    joint = target_joint(target, prompt, 2, es.SamplingConfig(**settings))
     drafter = draft if drafter_kind == "model" else NGramDrafter()
     counts, accepted = {}, 0
     for seed in range(1200):
         out = es.speculative_generate(target, drafter, ids(prompt), gamma=2, max_new_tokens=3,
-                                      seed=seed, eos_token_id=[], method=method, **settings)
+                                      seed=seed, eos_token_id=[], verify=verify, **settings)
         key = tuple(out.sequences[0, len(prompt): len(prompt) + 2].tolist())
         counts[key] = counts.get(key, 0) + 1
         accepted += out.stats.accepted_drafts
@@ -124,7 +124,7 @@ def test_speculative_sampling_matches_target_joint(tiny_pair, drafter_kind, prom
 def test_cache_is_cut_back_after_each_round(tiny_pair, monkeypatch):
     """With one row, discarding the rejected drafts crops the cache (no holes remain), and the
     target's cache ends each round holding the committed sequence minus its last token."""
-    from exactspec.kvmodel import CachedModel
+    from exactspec.cache import CachedModel
 
     target, draft = tiny_pair
     seen, original = [], CachedModel.discard_last
@@ -136,7 +136,7 @@ def test_cache_is_cut_back_after_each_round(tiny_pair, monkeypatch):
     monkeypatch.setattr(CachedModel, "discard_last", discard_last)
     lengths = []
     out = es.speculative_generate(target, draft, ids(PROMPTS[2]), gamma=4, max_new_tokens=30,
-                                  seed=1, eos_token_id=[], on_tokens=lambda new: lengths.append(len(new)))
+                                  seed=1, eos_token_id=[], on_tokens=lambda _row, new: lengths.append(len(new)))
     assert seen and all(no_holes for _, _, no_holes in seen)
     committed = len(PROMPTS[2]) + torch.tensor(lengths).cumsum(0)
     target_lengths = [length for is_target, length, _ in seen if is_target]
@@ -146,7 +146,7 @@ def test_cache_is_cut_back_after_each_round(tiny_pair, monkeypatch):
 
 def record_feeds(monkeypatch):
     """Record (model, cache length before, tokens fed) for every forward pass."""
-    from exactspec.kvmodel import CachedModel
+    from exactspec.cache import CachedModel
 
     feeds, original = [], CachedModel._run
 
@@ -166,7 +166,7 @@ def test_caches_are_reused_and_cut_back(tiny_pair, monkeypatch):
     feeds = record_feeds(monkeypatch)
     prompt, n = PROMPTS[1], 40
     out = es.speculative_generate(target, draft, ids(prompt), gamma=3, max_new_tokens=n,
-                                  seed=0, eos_token_id=[], method="token")
+                                  seed=0, eos_token_id=[], verify="token")
     s = out.stats
     assert s.output_tokens == n == s.accepted_drafts + s.corrections + s.bonus_tokens
     assert s.corrections > 0 and s.bonus_tokens > 0  # both paths were taken
@@ -253,7 +253,7 @@ def test_padded_embeddings_get_zero_probability(tiny_tokenizer):
     (dict(top_k=0), r"top_k must be an integer >= 1 or None, got 0"),
     (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), r"the prompt is empty"),
     (dict(max_new_tokens=200), r"exceeds the context window .* \(128 tokens\)"),
-    (dict(method="tree"), r"method must be one of"),
+    (dict(verify="tree"), r"verify must be one of"),
 ])
 def test_bad_input_names_itself(tiny_pair, kwargs, message):
     target, draft = tiny_pair

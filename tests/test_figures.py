@@ -5,7 +5,8 @@ import struct
 
 import pytest
 
-from exactspec import cli, figures
+from exactspec import cli
+from exactspec.lab import figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

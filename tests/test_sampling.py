@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
 )
 
 import exactspec as es
-from exactspec.sampling import next_token_weights, stop_distribution
+from exactspec.verify import next_token_weights, stop_distribution
 
 # Statistical tests fail by chance with probability ALPHA each (fixed seeds make them repeatable).
 ALPHA = 1e-6
@@ -120,7 +120,7 @@ class PrefixTables:
         return math.prod(self.p(seq[:i])[t].item() for i, t in enumerate(seq))
 
 
-def round_outcomes(tables, gamma, method):
+def round_outcomes(tables, gamma, verify):
     """Yield (probability, emitted tokens) for every draft block and every outcome of one round,
     using the library's exact law of τ and its next-token weights."""
     vocab = tables.vocab
@@ -142,21 +142,21 @@ def round_outcomes(tables, gamma, method):
             continue
         p = torch.stack([tables.p(pre) for pre in prefixes]).unsqueeze(0)  # [1, γ+1, V]
         draft = torch.tensor([block], dtype=torch.long).view(1, gamma)  # [1, γ]
-        law = stop_distribution(draft, q, p, method)[0]  # [γ+1]
+        law = stop_distribution(draft, q, p, verify)[0]  # [γ+1]
         for tau in range(gamma + 1):
             if law[tau] == 0:
                 continue
-            nxt = next_token_weights(draft, q, p, torch.tensor([tau]), method)[0]  # [V]
+            nxt = next_token_weights(draft, q, p, torch.tensor([tau]), verify)[0]  # [V]
             nxt = nxt / nxt.sum()
             for y in range(vocab):
                 if nxt[y] > 0:
                     yield weight * law[tau].item() * nxt[y].item(), block[:tau] + (y,)
 
 
-def round_then_target(tables, gamma, method):
+def round_then_target(tables, gamma, verify):
     """Distribution over length-(γ+1) sequences: one round, then the target samples the rest."""
     dist = {}
-    for prob, emitted in round_outcomes(tables, gamma, method):
+    for prob, emitted in round_outcomes(tables, gamma, verify):
         for tail in itertools.product(range(tables.vocab), repeat=gamma + 1 - len(emitted)):
             seq = emitted + tail
             tail_prob = math.prod(tables.p(seq[:i])[seq[i]].item()
@@ -165,19 +165,19 @@ def round_then_target(tables, gamma, method):
     return dist
 
 
-def expected_emitted(tables, gamma, method):
-    return sum(prob * len(emitted) for prob, emitted in round_outcomes(tables, gamma, method))
+def expected_emitted(tables, gamma, verify):
+    return sum(prob * len(emitted) for prob, emitted in round_outcomes(tables, gamma, verify))
 
 
 CASES = [(vocab, gamma, seed) for vocab in (2, 3, 4) for gamma in (1, 2, 3, 4) for seed in range(3)]
 
 
-@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("verify", ["token", "block"])
 @pytest.mark.parametrize("point_mass", [False, True], ids=["q", "point_mass"])
 @pytest.mark.parametrize("vocab, gamma, seed", CASES)
-def test_round_keeps_target_joint_distribution_exactly(vocab, gamma, seed, point_mass, method):
+def test_round_keeps_target_joint_distribution_exactly(vocab, gamma, seed, point_mass, verify):
     tables = PrefixTables(vocab, seed, point_mass)
-    dist = round_then_target(tables, gamma, method)
+    dist = round_then_target(tables, gamma, verify)
     for seq in itertools.product(range(vocab), repeat=gamma + 1):
         assert dist.get(seq, 0.0) == pytest.approx(tables.target_joint(seq), abs=1e-12), seq
 
@@ -205,7 +205,7 @@ def test_seed_example_by_enumeration():
     p = torch.tensor([0.3, 0.4, 0.3], dtype=torch.float64)
     drafts = torch.arange(3).view(3, 1)  # [3, 1]
     q_block, p_block = q.expand(3, 1, 3), p.expand(3, 2, 3)
-    accept = es.sampling.acceptance_probs(drafts, q_block, p_block)[:, 0]
+    accept = es.verify.acceptance_probs(drafts, q_block, p_block)[:, 0]
     torch.testing.assert_close(accept, torch.tensor([0.5, 1, 1], dtype=torch.float64))
     residual = next_token_weights(drafts[:1], q_block[:1], p_block[:1], torch.tensor([0]))[0]
     torch.testing.assert_close(residual / residual.sum(), torch.tensor([0, 1 / 3, 2 / 3],
@@ -240,8 +240,8 @@ def test_seed_example_simulation():
 
 
 @pytest.mark.parametrize("point_mass", [False, True], ids=["q", "point_mass"])
-@pytest.mark.parametrize("method", ["token", "block"])
-def test_verify_block_statistics_large_batch(method, point_mass):
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_verify_block_statistics_large_batch(verify, point_mass):
     """200,000 rows, V = 10, γ = 3: the first emitted token ~ p[0], and among rows that kept
     draft 1 the second emitted token ~ p[1] (chi-square, α = 1e-6 each)."""
     gen = torch.Generator().manual_seed(7)
@@ -253,27 +253,27 @@ def test_verify_block_statistics_large_batch(method, point_mass):
     else:
         drafts = es.sampling.sample(q.expand(rows, gamma, vocab), gen)  # [N, γ]
         q_rows = q.expand(rows, gamma, vocab)
-    result = es.verify_block(drafts, q_rows, p.expand(rows, gamma + 1, vocab), gen, method)
+    result = es.verify_block(drafts, q_rows, p.expand(rows, gamma + 1, vocab), gen, verify)
     first = torch.bincount(result.tokens[:, 0], minlength=vocab)
     assert chi_square_pvalue(first, p[0]) > ALPHA
     kept_one = result.num_accepted >= 1
     second = torch.bincount(result.tokens[kept_one, 1], minlength=vocab)
-    if method == "token":  # given x_1 was kept, the rule restarts: the next token ~ p[1]
+    if verify == "token":  # given x_1 was kept, the rule restarts: the next token ~ p[1]
         assert chi_square_pvalue(second, p[1]) > ALPHA
     assert (result.tokens[:, 0] >= 0).all()
 
 
-@pytest.mark.parametrize("method", ["token", "block"])
-def test_sampled_stop_position_follows_exact_law(method):
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_sampled_stop_position_follows_exact_law(verify):
     """The vectorized draw of τ against the enumerated law (chi-square, α = 1e-6)."""
     gen = torch.Generator().manual_seed(11)
     rows, vocab, gamma = 100_000, 6, 4
     p = torch.softmax(torch.randn(gamma + 1, vocab, generator=gen, dtype=torch.float64), -1)
     q = torch.softmax(torch.randn(gamma, vocab, generator=gen, dtype=torch.float64), -1)
     draft = q.argmax(-1).view(1, gamma)  # one fixed block, q given
-    law = stop_distribution(draft, q.unsqueeze(0), p.unsqueeze(0), method)[0]
+    law = stop_distribution(draft, q.unsqueeze(0), p.unsqueeze(0), verify)[0]
     result = es.verify_block(draft.expand(rows, gamma), q.expand(rows, gamma, vocab),
-                             p.expand(rows, gamma + 1, vocab), gen, method)
+                             p.expand(rows, gamma + 1, vocab), gen, verify)
     counts = torch.bincount(result.num_accepted, minlength=gamma + 1)
     assert chi_square_pvalue(counts, law) > ALPHA
 
@@ -295,12 +295,12 @@ def test_block_result_layout():
     assert torch.equal(result.num_emitted, result.num_accepted + 1)
 
 
-@pytest.mark.parametrize("method", ["token", "block"])
-def test_same_seed_same_result(method):
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_same_seed_same_result(verify):
     p = torch.softmax(torch.randn(32, 5, 50), -1)
     q = torch.softmax(torch.randn(32, 4, 50), -1)
     drafts = es.sampling.sample(q, torch.Generator().manual_seed(1))
-    runs = [es.verify_block(drafts, q, p, torch.Generator().manual_seed(5), method) for _ in "ab"]
+    runs = [es.verify_block(drafts, q, p, torch.Generator().manual_seed(5), verify) for _ in "ab"]
     assert torch.equal(runs[0].tokens, runs[1].tokens)
 
 
@@ -326,7 +326,7 @@ def test_equal_distributions_accept_everything():
     assert (result.num_accepted == 3).all()
 
 
-def test_verify_token_seed_example():
+def test_verify_token_reference_example():
     gen = torch.Generator().manual_seed(0)
     q = torch.tensor([0.6, 0.3, 0.1])
     p = torch.tensor([0.3, 0.4, 0.3])
@@ -368,5 +368,5 @@ def test_verify_block_rejects_bad_input(mutate, message):
 
 def test_verify_block_rejects_unknown_method():
     p = torch.softmax(torch.randn(1, 2, 5), -1)
-    with pytest.raises(ValueError, match=r"method must be one of \('token', 'block'\), got 'tree'"):
-        es.verify_block(torch.tensor([[0]]), None, p, method="tree")
+    with pytest.raises(ValueError, match=r"verify must be one of \('token', 'block'\), got 'tree'"):
+        es.verify_block(torch.tensor([[0]]), None, p, verify="tree")

@@ -1,16 +1,42 @@
-"""exactspec: speculative decoding that keeps the target model's output distribution exactly."""
-from exactspec import costmodel, rejection, sampling
-from exactspec.decoding import (
-    DecodeStats, GenerateOutput, autoregressive_generate, speculative_generate,
-)
-from exactspec.drafters import ModelDrafter, NGramDrafter
-from exactspec.models import LoadedModel, check_compatible, load_model
-from exactspec.sampling import BlockResult, probs_from_logits, verify_block, verify_token
+"""exactspec: speculative decoding that keeps the target model's output distribution exactly.
+
+The public names below load on first use (PEP 562), so `import exactspec` imports neither
+transformers nor scipy nor matplotlib.
+"""
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BlockResult", "DecodeStats", "GenerateOutput", "LoadedModel", "ModelDrafter", "NGramDrafter",
-    "autoregressive_generate", "check_compatible", "costmodel", "load_model", "probs_from_logits",
-    "rejection", "sampling", "speculative_generate", "verify_block", "verify_token",
-]
+_NAMES = {  # public name → the module that defines it
+    "probs_from_logits": "exactspec.sampling", "SamplingConfig": "exactspec.sampling",
+    "BlockResult": "exactspec.verify", "verify_block": "exactspec.verify",
+    "verify_token": "exactspec.verify",
+    "DecodeStats": "exactspec.engine", "GenerateOutput": "exactspec.engine",
+    "autoregressive_generate": "exactspec.engine", "speculative_generate": "exactspec.engine",
+    "ModelDrafter": "exactspec.drafters", "NGramDrafter": "exactspec.drafters",
+    "make_drafter": "exactspec.drafters",
+    "LoadedModel": "exactspec.models", "check_compatible": "exactspec.models",
+    "load_model": "exactspec.models",
+}
+_MODULES = {"costmodel": "exactspec.costmodel", "rejection": "exactspec.lab.rejection",
+            "sampling": "exactspec.sampling", "verify": "exactspec.verify",
+            "models": "exactspec.models", "drafters": "exactspec.drafters"}
+
+__all__ = sorted([*_NAMES, *_MODULES])
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    else:
+        raise AttributeError(f"module 'exactspec' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

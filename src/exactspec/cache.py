@@ -10,7 +10,7 @@ Why holes rather than cropping every row to the shortest and re-feeding the rest
 costs a forward pass over tokens already scored, every round, in proportion to how unevenly the
 rows accepted; a hole costs only its attention column until the next compaction. Holes that
 every row shares at the end are cropped at once (so with B = 1 the cache is simply cropped back
-to the kept prefix: rule 3), and `compact` squeezes out the rest when they reach half the cache.
+to the kept prefix: the stop-at-first-rejection rule), and `compact` squeezes out the rest when they reach half the cache.
 
 `feed` runs only the new tokens, and the counters record every call and token fed, so tests can
 show that nothing is recomputed after the prefill.
@@ -21,16 +21,6 @@ import inspect
 
 import torch
 from transformers import DynamicCache
-
-
-def unwrap_model(model) -> tuple[torch.nn.Module, object | None, str]:
-    """(Hugging Face model, tokenizer or None, name) from a LoadedModel or a bare model."""
-    if hasattr(model, "model") and hasattr(model, "tokenizer"):
-        return model.model, model.tokenizer, getattr(model, "name", type(model.model).__name__)
-    if isinstance(model, torch.nn.Module):
-        name = getattr(model.config, "name_or_path", "") or type(model).__name__
-        return model, None, name
-    raise ValueError(f"expected a Hugging Face causal LM or a LoadedModel, got {type(model).__name__}")
 
 
 def _cache_argument(model: torch.nn.Module) -> str:
@@ -100,7 +90,7 @@ class CachedModel:
 
     def _check_finite(self, logits: torch.Tensor, valid: torch.Tensor,
                       positions: torch.Tensor) -> None:
-        """Rule 2: NaN or +inf logits raise an error naming the model and the position."""
+        """No silent NaN (the numerics rule): NaN or +inf logits raise an error naming the model and the position."""
         bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) & valid  # [B, n]
         if bad.any():
             row, col = bad.nonzero()[0].tolist()
@@ -109,7 +99,7 @@ class CachedModel:
 
     def discard_last(self, counts: torch.Tensor) -> None:
         """Make the last counts[b] columns of row b holes (drafts scored under a prefix that was
-        not kept: rule 3); crop the columns that are holes in every row."""
+        not kept: the stop-at-first-rejection rule); crop the columns that are holes in every row."""
         columns = torch.arange(self.length, device=self.device)  # [T]
         self.valid &= columns < (self.length - counts.to(self.device)).unsqueeze(1)  # [B, T]
         self._crop_shared_holes()

@@ -8,39 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 
-COMMAND_MODULES = ("exactspec.cli_generate", "exactspec.cli_lab", "exactspec.cli_bench")
+from exactspec.cli.common import CliError
 
-
-class CliError(Exception):
-    """A problem with the user's input, printed as one line."""
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=float)
-    sys.stdout.write("\n")
-
-
-def print_table(rows: list[dict], columns: list[str], formats: dict | None = None) -> None:
-    """Print `rows` as an aligned text table with the given columns."""
-    formats = formats or {}
-    cells = [[formats.get(c, "{}").format(r[c]) if r.get(c) is not None else "-" for c in columns]
-             for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
-    print("  ".join("-" * w for w in widths))
-    for row in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+COMMAND_MODULES = ("exactspec.cli.generate", "exactspec.cli.lab", "exactspec.cli.bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

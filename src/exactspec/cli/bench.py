@@ -12,14 +12,11 @@ bad input is one line naming the option.
 from __future__ import annotations
 
 import argparse
-import math
-import os
-from pathlib import Path
 
-from exactspec.cli import CliError, print_table
+from exactspec.cli.common import CliError, output_path, parse_float, parse_int, print_table
 
 def register(subparsers) -> None:
-    from exactspec import bench
+    from exactspec.bench import core as bench
 
     p = subparsers.add_parser(
         "bench", help="benchmark speculative vs plain decoding and Transformers' generation",
@@ -71,42 +68,8 @@ def register(subparsers) -> None:
 # --------------------------------------------------------------------------- option checks
 
 
-def _int(option: str, text, low: int) -> int:
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise CliError(f"{option} must be an integer >= {low}, got {text}") from None
-    if value < low:
-        raise CliError(f"{option} must be an integer >= {low}, got {text}")
-    return value
-
-
-def _float(option: str, text, low: float, high: float = math.inf, low_open=False) -> float:
-    try:
-        value = float(str(text).strip())
-    except ValueError:
-        value = math.nan
-    bad_low = value <= low if low_open else value < low
-    if not math.isfinite(value) or bad_low or value > high:
-        where = f"in ({low:g}, {high:g}]" if low_open else f">= {low:g}"
-        raise CliError(f"{option} must be a number {where}, got {text}")
-    return value
-
-
-def _output_path(option: str, path: str | None) -> str | None:
-    """Refuse an output path whose folder is missing before the (long) benchmark runs."""
-    if path is None:
-        return None
-    folder = Path(path).expanduser().resolve().parent
-    if not folder.is_dir():
-        raise CliError(f"{option}: the folder {str(folder)!r} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise CliError(f"{option}: the folder {str(folder)!r} is not writable")
-    return path
-
-
 def config_from_args(args):
-    from exactspec import bench
+    from exactspec.bench import core as bench
 
     try:
         gammas = bench.parse_gammas(args.gammas)
@@ -121,17 +84,17 @@ def config_from_args(args):
     if not all(drafts):
         raise CliError("--draft: empty draft name")
     drafts = [bench.NGRAM if d.lower() == bench.NGRAM else d for d in drafts]
-    temperatures = list(dict.fromkeys(_float("--temperature", t, 0.0) for t in args.temperature))
+    temperatures = list(dict.fromkeys(parse_float("--temperature", t, 0.0) for t in args.temperature))
     config = bench.BenchConfig(
         target=args.target, drafts=drafts, gammas=gammas, temperatures=temperatures,
         verify=verify, prompts=prompts, prompts_source=source,
-        max_new_tokens=_int("--max-new-tokens", args.max_new_tokens, 1),
-        repeats=_int("--repeats", args.repeats, 1), warmup=_int("--warmup", args.warmup, 0),
-        peers=args.peers, seed=_int("--seed", args.seed, 0),
-        top_k=None if args.top_k is None else _int("--top-k", args.top_k, 1),
-        top_p=None if args.top_p is None else _float("--top-p", args.top_p, 0.0, 1.0, True),
+        max_new_tokens=parse_int("--max-new-tokens", args.max_new_tokens, 1),
+        repeats=parse_int("--repeats", args.repeats, 1), warmup=parse_int("--warmup", args.warmup, 0),
+        peers=args.peers, seed=parse_int("--seed", args.seed, 0),
+        top_k=None if args.top_k is None else parse_int("--top-k", args.top_k, 1),
+        top_p=None if args.top_p is None else parse_float("--top-p", args.top_p, 0.0, 1.0, low_open=True),
         device=args.device,
-        threads=None if args.threads is None else _int("--threads", args.threads, 1))
+        threads=None if args.threads is None else parse_int("--threads", args.threads, 1))
     return config.check()
 
 
@@ -161,11 +124,6 @@ COST_COLUMNS = [
 ]
 
 
-def _show(rows: list[dict], columns) -> None:
-    print_table([{h: r.get(f) for h, f, _ in columns} for r in rows], [h for h, _, _ in columns],
-                {h: fmt for h, _, fmt in columns})
-
-
 def _display_row(row: dict) -> dict:
     out = dict(row)
     lo, hi = row.get("tokens_per_s_min"), row.get("tokens_per_s_max")
@@ -192,7 +150,7 @@ def print_result(result: dict) -> None:
                 if (r["temperature"], r["prompts"]) == (temperature, kind)]
         print(f"\nT = {temperature:g}, {kind} prompts ({rows[0]['n_prompts']} prompts, "
               f"{rows[0]['output_tokens']} tokens per pass)")
-        _show(rows, RUN_COLUMNS)
+        print_table(rows, RUN_COLUMNS)
     cm = result["costmodel"]
     timings = cm["timings"]
     t_target = {item["tokens"]: item["seconds"] for item in timings["target"]}
@@ -209,7 +167,7 @@ def print_result(result: dict) -> None:
         print(f"\nT = {c['temperature']:g}, {c['prompts']} prompts, draft {c['draft']}: "
               f"α = {alpha} (from {c['verified_positions']} verified positions, "
               f"{c['alpha_from']} rule), c = {c['c']:.3f}; recommended γ = {best}")
-        _show(c["points"], COST_COLUMNS)
+        print_table(c["points"], COST_COLUMNS)
 
 
 BATCH_COLUMNS = [
@@ -232,31 +190,31 @@ def parse_batch_sizes(text: str) -> list[int]:
 
 
 def run_batch_bench(args, config) -> int:
-    from exactspec import bench
-    from exactspec.bench_batch import run_batch_benchmark
+    from exactspec.bench import core as bench
+    from exactspec.bench.batch import run_batch_benchmark
 
     sizes = parse_batch_sizes(args.batch_sizes)
-    json_path = _output_path("--json", args.json)
+    json_path = output_path("--json", args.json)
     result = run_batch_benchmark(config, sizes, log=(lambda _m: None) if args.quiet
                                  else bench._stderr)
     if json_path:
         bench.write_json(result, json_path)
     print(f"exactspec bench --batch-sizes: target {config.target}, {config.max_new_tokens} new "
           f"tokens per row (EOS off), median of {config.repeats} runs after {config.warmup}")
-    _show(result["batch"], BATCH_COLUMNS)
+    print_table(result["batch"], BATCH_COLUMNS)
     if json_path:
         print(f"\nwrote {json_path}")
     return 0
 
 
 def run_bench(args) -> int:
-    from exactspec import bench
+    from exactspec.bench import core as bench
 
     config = config_from_args(args)
     if args.batch_sizes is not None:
         return run_batch_bench(args, config)
-    json_path = _output_path("--json", args.json)
-    plot_path = _output_path("--plot", args.plot)
+    json_path = output_path("--json", args.json)
+    plot_path = output_path("--plot", args.plot)
     result = bench.run_benchmark(config, log=None if args.quiet else bench._stderr)
     if json_path:
         bench.write_json(result, json_path)

@@ -20,8 +20,8 @@ from typing import Callable
 
 import torch
 
-from exactspec.bench import BenchConfig
-from exactspec.decoding import autoregressive_generate, pad_prompts, speculative_generate
+from exactspec.bench.core import BenchConfig
+from exactspec.engine import autoregressive_generate, pad_prompts, speculative_generate
 from exactspec.models import encode_prompt
 
 
@@ -67,7 +67,7 @@ def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: lis
                             f"{rule} ...")
                         rate, out = _timed(
                             lambda: speculative_generate(target, draft, ids, gamma=gamma,
-                                                         method=rule, **common),
+                                                         verify=rule, **common),
                             config.repeats, config.warmup)
                         rows.append({**base, "method": "speculative", "draft": spec,
                                      "gamma": gamma, "verify": rule, "tokens_per_s": rate,
@@ -86,7 +86,7 @@ def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: lis
 def run_batch_benchmark(config: BenchConfig, batch_sizes: list[int],
                         log: Callable[[str], None] = lambda _m: None) -> dict:
     """Load the models of `config` and measure `batch_throughput`: {config, machine, batch}."""
-    from exactspec.bench import NGRAM, machine_info
+    from exactspec.bench.core import NGRAM, machine_info
     from exactspec.models import check_compatible, load_model
 
     config.check()

@@ -52,7 +52,7 @@ from typing import Callable, Iterable
 import torch
 
 from exactspec import costmodel
-from exactspec.decoding import synchronize
+from exactspec.engine import synchronize
 from exactspec.models import BUNDLED_MODEL, encode_prompt
 
 METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted")
@@ -345,11 +345,11 @@ class Runner:
         return self._run_hf(spec, input_ids, seed, max_new_tokens)
 
     def _run_exactspec(self, spec, input_ids, seed, max_new_tokens) -> RunResult:
-        from exactspec.decoding import autoregressive_generate, speculative_generate
+        from exactspec.engine import autoregressive_generate, speculative_generate
 
         first = []
 
-        def on_tokens(_new):
+        def on_tokens(_row, _new):
             if not first:
                 first.append(time.perf_counter() - start)  # the engine synchronized already
 
@@ -361,7 +361,7 @@ class Runner:
             out = autoregressive_generate(self.target, input_ids, **kwargs)
         else:
             out = speculative_generate(self.target, self.drafts[spec.draft], input_ids,
-                                       gamma=spec.gamma, method=spec.verify, **kwargs)
+                                       gamma=spec.gamma, verify=spec.verify, **kwargs)
         synchronize(self.device)
         wall = time.perf_counter() - start
         tokens = out.sequences[0, input_ids.size(1):].tolist()
@@ -453,7 +453,8 @@ def time_forward(loaded, context_ids: torch.Tensor, sizes: Iterable[int], *, rep
     """Median seconds of one forward pass over n new tokens on a KV cache that holds
     `context_ids` [1, L], for each n in `sizes` (the engine's own `CachedModel.feed`, cropped
     back after each pass). Sizes are interleaved within each repeat, so noise spreads evenly."""
-    from exactspec.kvmodel import CachedModel, unwrap_model
+    from exactspec.cache import CachedModel
+    from exactspec.models import unwrap_model
     from exactspec.models import usable_vocab
 
     model, tokenizer, name = unwrap_model(loaded)

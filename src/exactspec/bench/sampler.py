@@ -11,7 +11,8 @@ import time
 
 import torch
 
-from exactspec.sampling import sample, verify_block
+from exactspec.sampling import sample
+from exactspec.verify import verify_block
 
 
 def time_verify(vocab: int, gamma: int, method: str, point_mass: bool, calls: int) -> float:

@@ -24,8 +24,9 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from exactspec import costmodel, rejection
-from exactspec.cli_lab import cost_numbers, rejection_numbers, token_numbers
+from exactspec import costmodel
+from exactspec.lab import rejection
+from exactspec.lab.experiments import cost_numbers, rejection_numbers, token_numbers
 
 TARGET = "#1f5fa8"         # blue: the target f, f/Z, p
 ACCEPTED_FILL = "#a9c6e8"  # light blue: area under the target, accepted samples

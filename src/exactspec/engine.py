@@ -1,13 +1,13 @@
-"""Speculative and plain autoregressive generation with real Hugging Face models.
+"""Speculative and plain autoregressive generation with real Hugging Face models: the round loop.
 
-A round (the seed's Part 7): the drafter proposes γ tokens x_1..x_γ per row with their q; the
-target scores [last committed token, x_1..x_γ] of every row in one pass, giving p_1..p_{γ+1};
-`verify_block` keeps a prefix of each row's drafts and adds one correction or bonus token. Rows
-keep different numbers of tokens; `CachedModel` masks what a row did not keep (its docstring says
-why holes beat re-feeding). The prefill scores the whole prompt and keeps the logits after it, so
-the first round feeds only its γ drafts; after that each row's cache holds its committed tokens
-minus the last one (the correction or bonus), and a round feeds exactly γ+1 tokens per row. Plain decoding is the same loop with no drafter (γ = 0:
-each round draws the bonus token from p).
+A round: the drafter proposes γ tokens x_1..x_γ per row with their q; the target scores
+[last committed token, x_1..x_γ] of every row in one pass, giving p_1..p_{γ+1}; `verify_block`
+keeps a prefix of each row's drafts and adds one correction or bonus token. Rows keep different
+numbers of tokens; `CachedModel` masks what a row did not keep (its docstring says why holes
+beat re-feeding). The prefill scores the whole prompt and keeps the logits after it, so the first
+round feeds only its γ drafts; after that each row's cache holds its committed tokens minus the
+last one (the correction or bonus), and a round feeds exactly γ+1 tokens per row. Plain decoding
+is the same loop with no drafter (γ = 0: each round draws the bonus token from p).
 
 Rows that end (EOS or their token budget) leave the batch, so they stop costing compute.
 A row's output is exact however it is cut: a prefix of an exact sample is an exact sample.
@@ -20,10 +20,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from exactspec.drafters import ModelDrafter, NGramDrafter, Proposal, SamplingConfig, as_drafter
-from exactspec.kvmodel import CachedModel, unwrap_model
-from exactspec.models import check_compatible, context_length, eos_token_ids, usable_vocab
-from exactspec.sampling import METHODS, check_sampling_args, verify_block
+from exactspec.cache import CachedModel
+from exactspec.drafters import Drafter, make_drafter
+from exactspec.models import check_context, eos_token_ids, unwrap_model
+from exactspec.sampling import SamplingConfig
+from exactspec.verify import VERIFY_RULES, verify_block
 
 MAX_GAMMA = 32
 
@@ -78,8 +79,9 @@ class GenerateOutput:
 # --------------------------------------------------------------------------- set-up and checks
 
 
-def _check_generation_args(input_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig,
-                           gamma: int | None = None) -> None:
+def check_generation_args(input_ids: torch.Tensor, max_new_tokens: int,
+                          gamma: int | None = None) -> None:
+    """Raise ValueError naming the first bad argument of a generation."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError("input_ids must be a LongTensor[B, L]")
     if input_ids.size(1) == 0 or input_ids.size(0) == 0:
@@ -89,25 +91,10 @@ def _check_generation_args(input_ids: torch.Tensor, max_new_tokens: int, samplin
     if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int)
                               or not 1 <= gamma <= MAX_GAMMA):
         raise ValueError(f"gamma must be an integer in [1, {MAX_GAMMA}], got {gamma}")
-    check_sampling_args(sampling.temperature, sampling.top_k, sampling.top_p)
-
-
-def _check_context(model: torch.nn.Module, name: str, total: int) -> None:
-    limit = context_length(model)
-    if limit is not None and total > limit:
-        raise ValueError(f"prompt + max_new_tokens = {total} tokens exceeds the context window of "
-                         f"{name!r} ({limit} tokens)")
-
-
-def _shared_vocab(target, drafter) -> int:
-    """The vocabulary V that p and q share (rule 5); refuses a draft model whose differs."""
-    if isinstance(drafter, ModelDrafter):
-        return check_compatible(target, (drafter.model, drafter.tokenizer))
-    return usable_vocab(target)  # n-gram lookup proposes tokens of the sequence itself
 
 
 def _generator(seed: int | None, device: torch.device) -> torch.Generator:
-    """Rule 4: randomness is passed, never global. No seed: a fresh, nondeterministic one."""
+    """Passed randomness: never global. No seed: a fresh, nondeterministic one."""
     generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()
@@ -174,27 +161,6 @@ class _Clock:
         return time.perf_counter() - self.start
 
 
-class _NoDraft:
-    """Plain decoding as the γ = 0 case of a round: nothing proposed, the bonus drawn from p."""
-
-    calls = tokens_fed = 0
-
-    def start(self, input_ids, valid, vocab_size):
-        self.batch = input_ids.size(0)
-
-    def propose(self, gamma, sampling, generator) -> Proposal:
-        return Proposal(torch.empty(self.batch, 0, dtype=torch.long), None)
-
-    def commit(self, num_accepted, next_tokens):
-        pass
-
-    def select(self, rows):
-        self.batch = rows.numel()
-
-
-# --------------------------------------------------------------------------- generation
-
-
 class _Rows:
     """Per-row bookkeeping: new tokens, counters, and which rows are still generating."""
 
@@ -223,18 +189,12 @@ class _Rows:
             if self.stats[row].time_to_first_token is None and new:
                 self.stats[row].time_to_first_token = now
             if self.on_tokens is not None and new:
-                self._stream(row, new)
+                self.on_tokens(row, new)
             if new and new[-1] in self.eos or len(self.new[row]) >= self.max_new_tokens:
                 self.stats[row].wall_seconds = now
             else:
                 going.append(i)
         return torch.tensor(going, dtype=torch.long)
-
-    def _stream(self, row: int, new: list[int]) -> None:
-        if len(self.new) == 1:
-            self.on_tokens(new)
-        else:
-            self.on_tokens(row, new)
 
 
 def _count_round(stats: DecodeStats, new: list[int], drafted: int, tau: int,
@@ -253,23 +213,41 @@ def _count_round(stats: DecodeStats, new: list[int], drafted: int, tau: int,
             stats.corrections += 1
 
 
-def _generate(target, drafter, input_ids, attention_mask, *, gamma: int, max_new_tokens: int,
-              sampling: SamplingConfig, seed, eos_token_id, method: str,
+class _Target:
+    """The target's cache, and the logits after the prompt until the first round uses them.
+
+    The prefill already scored each row's last prompt token, so the first round feeds only its
+    drafts; every later round feeds [last committed token, drafts]."""
+
+    def __init__(self, lm: CachedModel, ids: torch.Tensor, valid: torch.Tensor):
+        self.lm = lm
+        self.after_prompt = lm.prefill(ids, valid)  # [B, V], the logits of the first new position
+
+    def score(self, last: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        """Logits for the positions after the last committed token and after each draft. [b, γ'+1, V]"""
+        if self.after_prompt is None:
+            return self.lm.feed(torch.cat([last.unsqueeze(1), drafts], dim=1))  # [b, γ'+1, V]
+        first = self.after_prompt.unsqueeze(1)  # [B, 1, V]
+        self.after_prompt = None
+        if not drafts.size(1):
+            return first
+        return torch.cat([first, self.lm.feed(drafts)], dim=1)  # [B, γ'+1, V]
+
+
+def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int,
+              max_new_tokens: int, sampling: SamplingConfig, seed, eos_token_id, verify: str,
               on_tokens) -> GenerateOutput:
     """The round loop shared by speculative and plain decoding."""
-    model, tokenizer, name = unwrap_model(target)
-    vocab = _shared_vocab((model, tokenizer), drafter)
+    model, tokenizer, name = unwrap_model(target, "target")
     ids, valid = _left_pad(input_ids, attention_mask)
-    total = ids.size(1) + max_new_tokens
-    _check_context(model, name, total)
-    if isinstance(drafter, ModelDrafter):
-        _check_context(drafter.model, drafter.name, total)
+    check_context(model, name, ids.size(1) + max_new_tokens)
+    vocab = drafter.bind((model, tokenizer), ids.size(1) + max_new_tokens)
     lm = CachedModel(model, name, vocab, ids.size(0))
     ids, valid = ids.to(lm.device), valid.to(lm.device)
     generator, eos = _generator(seed, lm.device), _eos_set(eos_token_id, (model, tokenizer))
     clock = _Clock(lm.device)
     rows = _Rows(ids.size(0), max_new_tokens, eos, clock, on_tokens)
-    after_prompt = lm.prefill(ids, valid)  # [B, V], the logits of the first new position
+    scorer = _Target(lm, ids, valid)
     drafter.start(ids, valid, vocab)
     for stats in rows.stats:  # every row took part in the prefills
         stats.target_calls, stats.draft_calls = lm.calls, drafter.calls
@@ -278,23 +256,23 @@ def _generate(target, drafter, input_ids, attention_mask, *, gamma: int, max_new
     while max_new_tokens > 0 and rows.active.numel():
         block = min(gamma, rows.budget_left() - 1)  # the longest budget left decides
         calls_before = (lm.calls, drafter.calls)
+        # 1. draft: up to γ tokens per row, with the q they were drawn from
         proposal = drafter.propose(block, sampling, generator)
         drafts = proposal.tokens.to(lm.device)  # [b, γ']
-        if after_prompt is None:  # the cache lacks the last committed token: feed it first
-            logits = lm.feed(torch.cat([last.unsqueeze(1), drafts], dim=1))  # [b, γ'+1, V]
-        else:  # the first round: the prefill already scored the prompt's last token
-            scored = lm.feed(drafts) if drafts.size(1) else after_prompt.unsqueeze(1)[:, :0]
-            logits = torch.cat([after_prompt.unsqueeze(1), scored], dim=1)  # [B, γ'+1, V]
-            after_prompt = None
-        p = sampling.probs(logits)  # [b, γ'+1, V]
-        result = verify_block(drafts, proposal.q, p, generator, method)
+        # 2. score: one target pass over the last committed token and the drafts
+        p = sampling.probs(scorer.score(last, drafts))  # [b, γ'+1, V]
+        # 3. verify: keep a prefix of the drafts, then one correction or bonus token
+        result = verify_block(drafts, proposal.q, p, generator, verify)
         tau = result.num_accepted  # [b]
         last = result.tokens.gather(1, tau.unsqueeze(1)).squeeze(1)  # [b], correction or bonus
-        lm.discard_last(drafts.size(1) - tau)  # rule 3: drop the drafts after a rejection
+        # 4. roll back: drafts after a rejection leave the target's cache (stop at the first rejection)
+        lm.discard_last(drafts.size(1) - tau)
+        # 5. commit: the drafter learns what was kept; the rows record what was emitted
         drafter.commit(tau, last)
         rounds += 1
         going = rows.record(result, drafts.size(1), lm.calls - calls_before[0],
                             drafter.calls - calls_before[1])
+        # 6. retire finished rows: they leave both caches
         if going.numel() < rows.active.numel():
             rows.active, last = rows.active[going], last[going]
             if going.numel():
@@ -311,7 +289,7 @@ def _output(ids, valid, rows: _Rows, lm: CachedModel, drafter, rounds: int,
         sequences = torch.stack(sequences)  # [B, L + n]
     total = DecodeStats(rounds=rounds, target_calls=lm.calls, draft_calls=drafter.calls,
                         target_tokens_fed=lm.tokens_fed, draft_tokens_fed=drafter.tokens_fed,
-                        padding_fed=lm.padding_fed + getattr(drafter, "padding_fed", 0),
+                        padding_fed=lm.padding_fed + drafter.padding_fed,
                         hole_fraction=statistics.fmean(lm.hole_shares) if lm.hole_shares else 0.0,
                         wall_seconds=wall, time_to_first_token=rows.first_token_at)
     for stats in rows.stats:
@@ -329,34 +307,33 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
                             eos_token_id=None, attention_mask=None,
                             on_tokens=None) -> GenerateOutput:
     """Plain decoding of the target: one forward pass and one draw from p per output token.
-    input_ids[B, L] with an optional attention_mask (left or right padding)."""
+    input_ids[B, L] with an optional attention_mask (left or right padding); `on_tokens` as in
+    `speculative_generate`."""
+    check_generation_args(input_ids, max_new_tokens)
     sampling = SamplingConfig(temperature, top_k, top_p)
-    _check_generation_args(input_ids, max_new_tokens, sampling)
-    return _generate(target, _NoDraft(), input_ids, attention_mask, gamma=0,
+    return _generate(target, make_drafter(None), input_ids, attention_mask, gamma=0,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                     eos_token_id=eos_token_id, method="token", on_tokens=on_tokens)
+                     eos_token_id=eos_token_id, verify="token", on_tokens=on_tokens)
 
 
 @torch.inference_mode()
 def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int,
                          max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                          top_p: float | None = None, seed: int | None = None,
-                         eos_token_id=None, attention_mask=None, method: str = "block",
+                         eos_token_id=None, attention_mask=None, verify: str = "block",
                          on_tokens=None) -> GenerateOutput:
     """Speculative decoding: each row's output follows the target's decoding distribution exactly.
 
-    target: a Hugging Face causal LM or LoadedModel. draft: the same, or any drafter
-    (`ModelDrafter`, `NGramDrafter`, or "ngram"). input_ids[B, L] with an optional
-    attention_mask (left or right padding). method: "block" (joint block verification, never
-    fewer tokens per round) or "token" (the seed's rule); both are exact.
-    `on_tokens(new_ids)` (B = 1) or `on_tokens(row, new_ids)` (B > 1) is called with the tokens
-    each round emits, for streaming.
+    target: a Hugging Face causal LM or LoadedModel. draft: a model, a model spec, "ngram", or
+    any drafter (see `exactspec.drafters.make_drafter`). input_ids[B, L] with an optional
+    attention_mask (left or right padding). verify: "block" (joint block verification, never
+    fewer tokens per round) or "token" (the reference's rule); both are exact.
+    `on_tokens(row, new_ids)` is called with the tokens each round emits for a row, for streaming.
     """
+    check_generation_args(input_ids, max_new_tokens, gamma)
     sampling = SamplingConfig(temperature, top_k, top_p)
-    _check_generation_args(input_ids, max_new_tokens, sampling, gamma)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    drafter = NGramDrafter() if isinstance(draft, str) and draft == "ngram" else as_drafter(draft)
-    return _generate(target, drafter, input_ids, attention_mask, gamma=gamma,
+    if verify not in VERIFY_RULES:
+        raise ValueError(f"verify must be one of {VERIFY_RULES}, got {verify!r}")
+    return _generate(target, make_drafter(draft), input_ids, attention_mask, gamma=gamma,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                     eos_token_id=eos_token_id, method=method, on_tokens=on_tokens)
+                     eos_token_id=eos_token_id, verify=verify, on_tokens=on_tokens)

@@ -5,7 +5,7 @@ import argparse
 import sys
 import time
 
-from exactspec.cli import CliError, print_json, print_table
+from exactspec.cli.common import CliError, print_json, print_table, read_prompts
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "smollm2-135m-instruct@bfloat16"
@@ -73,31 +73,9 @@ def _load(spec: str, dtype: str | None = None):
     return loaded
 
 
-def read_prompts(path: str) -> list[str]:
-    """Prompts from a JSONL file of {"prompt": ...} lines (blank lines skipped)."""
-    import json
-
-    prompts = []
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                prompt = json.loads(line)["prompt"]
-            except (ValueError, KeyError, TypeError):
-                raise CliError(f'--prompts: line {number} of {path} is not a JSON object with a '
-                               '"prompt" field') from None
-            if not isinstance(prompt, str):
-                raise CliError(f"--prompts: line {number} of {path}: prompt must be a string")
-            prompts.append(prompt)
-    if not prompts:
-        raise CliError(f"--prompts: {path} has no prompts")
-    return prompts
-
-
 def encode_batch(loaded, prompts: list[str], chat: bool | None):
     """Left-padded input_ids[B, L] and attention_mask[B, L] of the encoded prompts."""
-    from exactspec.decoding import pad_prompts
+    from exactspec.engine import pad_prompts
     from exactspec.models import encode_prompt
 
     return pad_prompts([encode_prompt(loaded, prompt, chat)[0] for prompt in prompts])
@@ -110,7 +88,7 @@ class TextStream:
     def __init__(self, tokenizer):
         self.tokenizer, self.ids, self.printed = tokenizer, [], ""
 
-    def __call__(self, new_ids: list[int]) -> None:
+    def __call__(self, row: int, new_ids: list[int]) -> None:
         self.ids.extend(new_ids)
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.startswith(self.printed):
@@ -120,7 +98,7 @@ class TextStream:
 
 
 def _generate(target, draft, input_ids, args, on_tokens=None, attention_mask=None):
-    from exactspec.decoding import autoregressive_generate, speculative_generate
+    from exactspec.engine import autoregressive_generate, speculative_generate
 
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                     top_k=getattr(args, "top_k", None), top_p=getattr(args, "top_p", None),
@@ -128,23 +106,24 @@ def _generate(target, draft, input_ids, args, on_tokens=None, attention_mask=Non
     if draft is None:
         return autoregressive_generate(target, input_ids, **sampling)
     return speculative_generate(target, draft, input_ids, gamma=args.gamma,
-                                method=getattr(args, "verify", "block"), **sampling)
+                                verify=getattr(args, "verify", "block"), **sampling)
 
 
 def _stats_rows(named_stats: dict) -> list[dict]:
     return [{"run": name, **stats.to_dict()} for name, stats in named_stats.items()]
 
 
-STATS_COLUMNS = ["run", "output_tokens", "accepted_drafts", "drafted_tokens", "corrections",
-                 "bonus_tokens", "rounds", "target_calls", "draft_calls", "acceptance_rate",
-                 "tokens_per_round", "wall_seconds", "tokens_per_s"]
-STATS_FORMATS = {"acceptance_rate": "{:.3f}", "tokens_per_round": "{:.2f}",
-                 "wall_seconds": "{:.2f}", "tokens_per_s": "{:.1f}"}
+_FORMATS = {"acceptance_rate": "{:.3f}", "tokens_per_round": "{:.2f}", "wall_seconds": "{:.2f}",
+            "tokens_per_s": "{:.1f}"}
+STATS_COLUMNS = [(field, field, _FORMATS.get(field, "{}")) for field in (
+    "run", "output_tokens", "accepted_drafts", "drafted_tokens", "corrections", "bonus_tokens",
+    "rounds", "target_calls", "draft_calls", "acceptance_rate", "tokens_per_round", "wall_seconds",
+    "tokens_per_s")]
 
 
 def run_generate(args) -> int:
     _check_common(args)
-    prompts = list(args.prompt) + (read_prompts(args.prompts) if args.prompts else [])
+    prompts = list(args.prompt) + [p["prompt"] for p in read_prompts(args.prompts)] if args.prompts else list(args.prompt)
     if not prompts:
         raise CliError("give a prompt (or several, or --prompts FILE)")
     if args.stream and len(prompts) > 1:
@@ -182,7 +161,7 @@ def run_generate(args) -> int:
         print()
     named = {f"[{i}]": s for i, s in enumerate(out.row_stats)} if len(results) > 1 else {}
     named[_draft_name(draft) if len(results) == 1 else "batch"] = out.stats
-    print_table(_stats_rows(named), STATS_COLUMNS, STATS_FORMATS)
+    print_table(_stats_rows(named), STATS_COLUMNS)
     return 0
 
 
@@ -235,7 +214,7 @@ def run_demo(args) -> int:
         print(f"--- {name} ({target.spec}" + (f" drafted by {draft.spec}, γ = {args.gamma})"
                                                 if name == "speculative" else ")"))
         print(text.strip() + "\n")
-    print_table(_stats_rows(stats), STATS_COLUMNS, STATS_FORMATS)
+    print_table(_stats_rows(stats), STATS_COLUMNS)
     print(f"\nspeedup (tokens/s, speculative / autoregressive): {speedup:.2f}x")
     if speedup < 1:
         print("drafting did not pay on this machine: the draft costs too much per token next to "

@@ -1,4 +1,4 @@
-"""Loading target and draft models, and checking that they share a vocabulary.
+"""Loading target and draft models from a model spec.
 
 A model is named by one **model spec** string everywhere (API and CLI):
 
@@ -23,19 +23,10 @@ the result is cached as safetensors under :func:`cache_root` (``$EXACTSPEC_CACHE
 ``$XDG_CACHE_HOME/exactspec``, else ``~/.cache/exactspec``). Every dtype loads from the same
 float32 conversion. A conversion is written into a temporary folder and renamed into place, so a
 crash never leaves a half-written cache entry.
-
-Vocabulary (DESIGN rule 5): speculative decoding compares the target's distribution p with the
-draft's q token by token, so both must number tokens the same way. :func:`check_compatible`
-compares the tokenizers' token → id maps. The models' output layers may have more rows than the
-tokenizer has ids (embedding tables are often padded to a multiple of 64 or 128); those extra ids
-are not real tokens. :func:`usable_vocab` is the number of real ids ``V``: the engine keeps the
-first ``V`` logits of each model (``logits[..., :V]``), which gives the padded ids zero
-probability in both p and q.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import importlib.metadata
 import json
@@ -44,33 +35,11 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-__all__ = [
-    "BUNDLED_MODEL",
-    "BUNDLED_PACKAGE",
-    "BUNDLED_PACKAGE_VERSION",
-    "DTYPES",
-    "BundledModelMissing",
-    "LoadedModel",
-    "bundled_gguf_path",
-    "cache_root",
-    "check_compatible",
-    "context_length",
-    "encode_prompt",
-    "eos_token_ids",
-    "load_model",
-    "model_config_context_length",
-    "output_vocab_size",
-    "parse_model_spec",
-    "resolve_device",
-    "resolve_dtype",
-    "usable_vocab",
-]
+from exactspec.models.loaded import LoadedModel
 
 logger = logging.getLogger(__name__)
 
@@ -97,46 +66,7 @@ class BundledModelMissing(FileNotFoundError):
     """The package that ships the bundled model is not installed."""
 
 
-@dataclass
-class LoadedModel:
-    """A causal LM ready for decoding: in eval mode, on `device`, in `dtype`, gradients off.
-
-    `tokenizer` is None only for a local folder that has no tokenizer files.
-    `name` is the model's name or path without the dtype; `spec` adds it back.
-    """
-
-    model: Any
-    tokenizer: Any
-    name: str
-    dtype: torch.dtype
-    device: torch.device
-
-    @property
-    def spec(self) -> str:
-        """The model spec that loads this model again, e.g. ``smollm2-135m-instruct@bfloat16``."""
-        return f"{self.name}@{_dtype_name(self.dtype)}"
-
-    @property
-    def vocab_size(self) -> int:
-        """The number of real token ids (see :func:`usable_vocab`)."""
-        return usable_vocab(self)
-
-    @property
-    def context_length(self) -> int | None:
-        """The longest sequence the model accepts (see :func:`context_length`)."""
-        return context_length(self)
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        """The ids that end a generation (see :func:`eos_token_ids`)."""
-        return eos_token_ids(self)
-
-
 # --- names, dtypes, devices -------------------------------------------------------------------
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype).removeprefix("torch."))
-
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     """"float32" | "bfloat16" | "float16" (or the torch dtype) → torch dtype; None → float32."""
@@ -409,159 +339,3 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, dtype=torch_dtype,
                        device=torch_device)
-
-
-# --- vocabulary ---------------------------------------------------------------------------------
-
-def _unpack(obj, role: str) -> tuple[Any, Any]:
-    """LoadedModel | (model, tokenizer) | model → (model, tokenizer or None)."""
-    if isinstance(obj, LoadedModel):
-        return obj.model, obj.tokenizer
-    if isinstance(obj, (tuple, list)) and len(obj) == 2:
-        return obj[0], obj[1]
-    if isinstance(obj, torch.nn.Module):
-        return obj, None
-    raise ValueError(f"{role} must be a LoadedModel, a (model, tokenizer) pair or a model, "
-                     f"got {type(obj).__name__}")
-
-
-def output_vocab_size(model) -> int:
-    """Rows of the model's output layer: the width of its logits (padding included)."""
-    if isinstance(model, LoadedModel):
-        model = model.model
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if output is not None and getattr(output, "weight", None) is not None:
-        return int(output.weight.shape[0])
-    return int(model.config.vocab_size)
-
-
-@functools.lru_cache(maxsize=16)
-def _vocabulary(tokenizer) -> tuple[tuple[str, int], ...]:
-    """The token → id map, sorted and frozen; memoized per tokenizer object, since building it
-    for a 49k vocabulary takes ~25 ms and every generation checks it."""
-    return tuple(sorted(tokenizer.get_vocab().items()))
-
-
-def _tokenizer_size(tokenizer) -> int:
-    return max((i for _, i in _vocabulary(tokenizer)), default=-1) + 1
-
-
-def usable_vocab(obj) -> int:
-    """The number of real token ids V: ids 0..V-1 are tokens, any logits past V are padding.
-
-    With a tokenizer (LoadedModel, or (model, tokenizer)), V = largest id in its vocabulary + 1
-    (added special tokens included); without one, V is the model's output size. The engine keeps
-    ``logits[..., :V]`` of both models, which gives padded ids zero probability in p and q.
-    """
-    model, tokenizer = _unpack(obj, "model")
-    if tokenizer is None:
-        return output_vocab_size(model)
-    return _tokenizer_size(tokenizer)
-
-
-def _describe(obj, role: str) -> str:
-    return f"{role} {obj.name!r}" if isinstance(obj, LoadedModel) else role
-
-
-def check_compatible(target, draft) -> int:
-    """Check that target and draft number tokens the same way; return the usable vocabulary V.
-
-    Each argument is a LoadedModel, a (model, tokenizer) pair, or a bare model. With both
-    tokenizers, their token → id maps must be equal (sizes alone prove nothing); the output
-    layers may be padded past V, differently for each model. Without a tokenizer on a side, the
-    two output sizes must be equal, since padding cannot be told from real ids.
-    Raises ValueError naming the first id that differs.
-    """
-    t_model, t_tok = _unpack(target, "target")
-    d_model, d_tok = _unpack(draft, "draft")
-    t_name, d_name = _describe(target, "target"), _describe(draft, "draft")
-    t_rows, d_rows = output_vocab_size(t_model), output_vocab_size(d_model)
-
-    if t_tok is not None and d_tok is not None:
-        if t_tok is not d_tok and _vocabulary(t_tok) != _vocabulary(d_tok):
-            t_vocab, d_vocab = t_tok.get_vocab(), d_tok.get_vocab()
-            raise ValueError(_vocab_difference(t_vocab, d_vocab, t_name, d_name))
-        size = _tokenizer_size(t_tok)
-    elif t_tok is None and d_tok is None:
-        if t_rows != d_rows:
-            raise ValueError(f"{t_name} and {d_name} have no tokenizers to compare, and their "
-                             f"output sizes differ: {t_rows} vs {d_rows} token ids")
-        size = t_rows
-    else:
-        size = _tokenizer_size(t_tok if t_tok is not None else d_tok)
-        if t_rows != d_rows:
-            missing = d_name if d_tok is None else t_name
-            raise ValueError(f"{missing} has no tokenizer to compare, and the output sizes differ: "
-                             f"{t_name} {t_rows}, {d_name} {d_rows} token ids")
-    for label, rows in ((t_name, t_rows), (d_name, d_rows)):
-        if rows < size:
-            raise ValueError(f"{label} scores only {rows} token ids, but the tokenizer has {size}")
-    return size
-
-
-def _vocab_difference(t_vocab: dict, d_vocab: dict, t_name: str, d_name: str) -> str:
-    t_by_id = {i: tok for tok, i in t_vocab.items()}
-    d_by_id = {i: tok for tok, i in d_vocab.items()}
-    absent = "absent"
-    for i in sorted(set(t_by_id) | set(d_by_id)):
-        t_tok, d_tok = t_by_id.get(i, absent), d_by_id.get(i, absent)
-        if t_tok != d_tok:
-            where = f"token id {i} is {t_tok!r} in the {t_name}'s vocabulary but {d_tok!r} in the {d_name}'s"
-            break
-    else:  # same ids and tokens one way round, so a token has two ids on one side
-        tok = next(t for t in sorted(set(t_vocab) | set(d_vocab)) if t_vocab.get(t) != d_vocab.get(t))
-        where = f"token {tok!r} has id {t_vocab.get(tok)} in the {t_name}'s vocabulary but {d_vocab.get(tok)} in the {d_name}'s"
-    return (f"{t_name} and {d_name} have different vocabularies ({len(t_vocab)} vs {len(d_vocab)} "
-            f"tokens): {where}; speculative decoding needs the same tokenizer vocabulary")
-
-
-# --- other facts the engine needs ---------------------------------------------------------------
-
-def context_length(obj) -> int | None:
-    """The longest sequence (prompt + new tokens) the model accepts, from its config
-    (max_position_embeddings and its older names); None when the config does not say."""
-    model = obj.model if isinstance(obj, LoadedModel) else obj
-    config = getattr(model, "config", None)
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-model_config_context_length = context_length
-
-
-def eos_token_ids(obj) -> list[int]:
-    """Ids that end a generation: the tokenizer's eos id plus the model's generation config's."""
-    model, tokenizer = _unpack(obj, "model")
-    ids: list[int] = []
-    candidates = [getattr(tokenizer, "eos_token_id", None)]
-    generation_config = getattr(model, "generation_config", None)
-    candidates.append(getattr(generation_config, "eos_token_id", None))
-    candidates.append(getattr(getattr(model, "config", None), "eos_token_id", None))
-    for value in candidates:
-        for i in (value if isinstance(value, (list, tuple)) else [value]):
-            if isinstance(i, int) and i not in ids:
-                ids.append(i)
-    return ids
-
-
-def encode_prompt(loaded: LoadedModel, text: str, chat: bool | None = None) -> torch.Tensor:
-    """Token ids [1, L] of one user prompt: through the tokenizer's chat template when `chat`
-    is True, or when it is None and the tokenizer has a template; plain encoding otherwise."""
-    if not text.strip():
-        raise ValueError("the prompt is empty")
-    tokenizer = loaded.tokenizer
-    if tokenizer is None:
-        raise ValueError(f"model {loaded.name!r} has no tokenizer to encode the prompt")
-    has_template = getattr(tokenizer, "chat_template", None) is not None
-    if chat and not has_template:
-        raise ValueError(f"chat: the tokenizer of {loaded.name!r} has no chat template")
-    if chat or (chat is None and has_template):
-        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                add_generation_prompt=True, return_tensors="pt")
-        ids = encoded if isinstance(encoded, torch.Tensor) else encoded["input_ids"]
-    else:
-        ids = tokenizer(text, return_tensors="pt").input_ids
-    return ids.to(torch.long)  # [1, L]

@@ -1,0 +1,82 @@
+"""The drafter contract: whatever proposes a round's tokens, with the distribution q it drew them from.
+
+The engine talks to a drafter only through `Drafter` below, and `exactspec.drafters.make_drafter`
+is the one place that turns a spec into a drafter. A new drafter is a new class with these members; the engine
+does not change.
+
+`Proposal.q` is None for a point-mass draft (a deterministic proposal): the verifier then uses
+the point-mass rule, which is exact for any deterministic proposal, padding included.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from exactspec.models import usable_vocab
+from exactspec.sampling import SamplingConfig
+
+
+@dataclass
+class Proposal:
+    """tokens: LongTensor[B, γ'] with γ' ≤ γ; q: [B, γ', V] the distributions they were sampled
+    from, or None for a point-mass draft."""
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """What the engine needs from a drafter working on B rows.
+
+    Counters (read after each round): `calls` and `tokens_fed` of the draft's own model (0 for a
+    drafter without one), `padding_fed` (padding slots it ran). Methods, in the order the engine
+    calls them:
+    - `bind(target, total_tokens) -> V`: check that it can serve this target for sequences of
+      total_tokens (same vocabulary, enough context); return the vocabulary V that p and q share;
+    - `start(input_ids[B, L], valid[B, L], vocab_size)`: once, with the left-padded prompts;
+    - `propose(gamma, sampling, generator) -> Proposal`: each round, up to γ tokens per row;
+    - `commit(num_accepted[B], next_tokens[B])`: row b kept its first num_accepted[b] drafts,
+      then emitted next_tokens[b] (a correction or the bonus);
+    - `select(rows)`: keep only the rows still generating.
+    """
+
+    name: str
+    calls: int
+    tokens_fed: int
+    padding_fed: int
+
+    def bind(self, target, total_tokens: int) -> int: ...
+
+    def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None: ...
+
+    def propose(self, gamma: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal: ...
+
+    def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None: ...
+
+    def select(self, rows: torch.Tensor) -> None: ...
+
+
+class NoDraft:
+    """Plain decoding as the γ = 0 case of a round: nothing proposed, the bonus drawn from p."""
+
+    name = "none"
+    calls = tokens_fed = padding_fed = 0
+
+    def bind(self, target, total_tokens: int) -> int:
+        return usable_vocab(target)
+
+    def start(self, input_ids, valid, vocab_size):
+        self.batch = input_ids.size(0)
+
+    def propose(self, gamma, sampling, generator) -> Proposal:
+        return Proposal(torch.empty(self.batch, 0, dtype=torch.long), None)
+
+    def commit(self, num_accepted, next_tokens):
+        pass
+
+    def select(self, rows):
+        self.batch = rows.numel()

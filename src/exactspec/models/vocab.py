@@ -1,0 +1,84 @@
+"""Can two models share a round? Their vocabularies, compared token by token; and prompt encoding."""
+from __future__ import annotations
+
+import torch
+
+from exactspec.models.loaded import (
+    LoadedModel, output_vocab_size, tokenizer_size, unwrap_model, vocabulary,
+)
+
+
+def _describe(obj, role: str) -> str:
+    return f"{role} {obj.name!r}" if isinstance(obj, LoadedModel) else role
+
+
+def check_compatible(target, draft) -> int:
+    """Check that target and draft number tokens the same way; return the usable vocabulary V.
+
+    Each argument is a LoadedModel, a (model, tokenizer) pair, or a bare model. With both
+    tokenizers, their token → id maps must be equal (sizes alone prove nothing); the output
+    layers may be padded past V, differently for each model. Without a tokenizer on a side, the
+    two output sizes must be equal, since padding cannot be told from real ids.
+    Raises ValueError naming the first id that differs.
+    """
+    t_model, t_tok, _ = unwrap_model(target, "target")
+    d_model, d_tok, _ = unwrap_model(draft, "draft")
+    t_name, d_name = _describe(target, "target"), _describe(draft, "draft")
+    t_rows, d_rows = output_vocab_size(t_model), output_vocab_size(d_model)
+
+    if t_tok is not None and d_tok is not None:
+        if t_tok is not d_tok and vocabulary(t_tok) != vocabulary(d_tok):
+            t_vocab, d_vocab = t_tok.get_vocab(), d_tok.get_vocab()
+            raise ValueError(_vocab_difference(t_vocab, d_vocab, t_name, d_name))
+        size = tokenizer_size(t_tok)
+    elif t_tok is None and d_tok is None:
+        if t_rows != d_rows:
+            raise ValueError(f"{t_name} and {d_name} have no tokenizers to compare, and their "
+                             f"output sizes differ: {t_rows} vs {d_rows} token ids")
+        size = t_rows
+    else:
+        size = tokenizer_size(t_tok if t_tok is not None else d_tok)
+        if t_rows != d_rows:
+            missing = d_name if d_tok is None else t_name
+            raise ValueError(f"{missing} has no tokenizer to compare, and the output sizes differ: "
+                             f"{t_name} {t_rows}, {d_name} {d_rows} token ids")
+    for label, rows in ((t_name, t_rows), (d_name, d_rows)):
+        if rows < size:
+            raise ValueError(f"{label} scores only {rows} token ids, but the tokenizer has {size}")
+    return size
+
+
+def _vocab_difference(t_vocab: dict, d_vocab: dict, t_name: str, d_name: str) -> str:
+    t_by_id = {i: tok for tok, i in t_vocab.items()}
+    d_by_id = {i: tok for tok, i in d_vocab.items()}
+    absent = "absent"
+    for i in sorted(set(t_by_id) | set(d_by_id)):
+        t_tok, d_tok = t_by_id.get(i, absent), d_by_id.get(i, absent)
+        if t_tok != d_tok:
+            where = f"token id {i} is {t_tok!r} in the {t_name}'s vocabulary but {d_tok!r} in the {d_name}'s"
+            break
+    else:  # same ids and tokens one way round, so a token has two ids on one side
+        tok = next(t for t in sorted(set(t_vocab) | set(d_vocab)) if t_vocab.get(t) != d_vocab.get(t))
+        where = f"token {tok!r} has id {t_vocab.get(tok)} in the {t_name}'s vocabulary but {d_vocab.get(tok)} in the {d_name}'s"
+    return (f"{t_name} and {d_name} have different vocabularies ({len(t_vocab)} vs {len(d_vocab)} "
+            f"tokens): {where}; speculative decoding needs the same tokenizer vocabulary")
+
+
+def encode_prompt(loaded: LoadedModel, text: str, chat: bool | None = None) -> torch.Tensor:
+    """Token ids [1, L] of one user prompt: through the tokenizer's chat template when `chat`
+    is True, or when it is None and the tokenizer has a template; plain encoding otherwise."""
+    if not text.strip():
+        raise ValueError("the prompt is empty")
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
+        raise ValueError(f"model {loaded.name!r} has no tokenizer to encode the prompt")
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if chat and not has_template:
+        raise ValueError(f"chat: the tokenizer of {loaded.name!r} has no chat template")
+    if chat or (chat is None and has_template):
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                add_generation_prompt=True, return_tensors="pt")
+        ids = encoded if isinstance(encoded, torch.Tensor) else encoded["input_ids"]
+    else:
+        ids = tokenizer(text, return_tensors="pt").input_ids
+    return ids.to(torch.long)  # [1, L]
