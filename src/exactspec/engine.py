@@ -234,51 +234,93 @@ class _Target:
         return torch.cat([first, self.lm.feed(drafts)], dim=1)  # [B, γ'+1, V]
 
 
-def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int,
-              max_new_tokens: int, sampling: SamplingConfig, seed, eos_token_id, verify: str,
-              on_tokens) -> GenerateOutput:
-    """The round loop shared by speculative and plain decoding."""
-    model, tokenizer, name = unwrap_model(target, "target")
-    ids, valid = _left_pad(input_ids, attention_mask)
-    check_context(model, name, ids.size(1) + max_new_tokens)
-    vocab = drafter.bind((model, tokenizer), ids.size(1) + max_new_tokens)
-    lm = CachedModel(model, name, vocab, ids.size(0))
-    ids, valid = ids.to(lm.device), valid.to(lm.device)
-    generator, eos = _generator(seed, lm.device), _eos_set(eos_token_id, (model, tokenizer))
-    clock = _Clock(lm.device)
-    rows = _Rows(ids.size(0), max_new_tokens, eos, clock, on_tokens)
-    scorer = _Target(lm, ids, valid)
-    drafter.start(ids, valid, vocab)
-    for stats in rows.stats:  # every row took part in the prefills
-        stats.target_calls, stats.draft_calls = lm.calls, drafter.calls
-    last = ids[:, -1]  # [B], each row's last committed token
-    rounds = 0
-    while max_new_tokens > 0 and rows.active.numel():
+@dataclass
+class Round:
+    """What one round did, for whoever chooses the next γ: the drafts proposed per row (γ'),
+    each row's τ, the target's tokens per row in its pass, and the seconds each model took."""
+
+    drafted: int
+    num_accepted: torch.Tensor
+    target_tokens: int
+    draft_seconds: float
+    target_seconds: float
+
+
+class Decoder:
+    """The round loop's state over B rows: the target's cache, the drafter, the rows.
+
+    `step(gamma)` runs one round; `generate` drives it until every row is done."""
+
+    def __init__(self, target, drafter: Drafter, input_ids, attention_mask, *, max_new_tokens: int,
+                 sampling: SamplingConfig, seed, eos_token_id, verify: str, on_tokens):
+        model, tokenizer, name = unwrap_model(target, "target")
+        ids, valid = _left_pad(input_ids, attention_mask)
+        check_context(model, name, ids.size(1) + max_new_tokens)
+        vocab = drafter.bind((model, tokenizer), ids.size(1) + max_new_tokens)
+        self.lm = CachedModel(model, name, vocab, ids.size(0))
+        self.ids, self.valid = ids.to(self.lm.device), valid.to(self.lm.device)
+        self.drafter, self.sampling, self.verify = drafter, sampling, verify
+        self.generator = _generator(seed, self.lm.device)
+        self.clock = _Clock(self.lm.device)
+        eos = _eos_set(eos_token_id, (model, tokenizer))
+        self.rows = _Rows(ids.size(0), max_new_tokens, eos, self.clock, on_tokens)
+        self.scorer = _Target(self.lm, self.ids, self.valid)
+        drafter.start(self.ids, self.valid, vocab)
+        for stats in self.rows.stats:  # every row took part in the prefills
+            stats.target_calls, stats.draft_calls = self.lm.calls, drafter.calls
+        self.last = self.ids[:, -1]  # [B], each row's last committed token
+        self.rounds = 0
+        self.done = max_new_tokens == 0
+
+    def step(self, gamma: int) -> Round:
+        """One round with at most γ drafts per row (fewer near the end of the budget)."""
+        lm, drafter, rows = self.lm, self.drafter, self.rows
         block = min(gamma, rows.budget_left() - 1)  # the longest budget left decides
-        calls_before = (lm.calls, drafter.calls)
+        calls_before, started = (lm.calls, drafter.calls), self.clock.read()
         # 1. draft: up to γ tokens per row, with the q they were drawn from
-        proposal = drafter.propose(block, sampling, generator)
+        proposal = drafter.propose(block, self.sampling, self.generator)
         drafts = proposal.tokens.to(lm.device)  # [b, γ']
+        drafted_at, fed_before = self.clock.read(), lm.tokens_fed
         # 2. score: one target pass over the last committed token and the drafts
-        p = sampling.probs(scorer.score(last, drafts))  # [b, γ'+1, V]
+        p = self.sampling.probs(self.scorer.score(self.last, drafts))  # [b, γ'+1, V]
+        report = Round(drafts.size(1), None, (lm.tokens_fed - fed_before) // drafts.size(0),
+                       drafted_at - started, self.clock.read() - drafted_at)
         # 3. verify: keep a prefix of the drafts, then one correction or bonus token
-        result = verify_block(drafts, proposal.q, p, generator, verify)
-        tau = result.num_accepted  # [b]
-        last = result.tokens.gather(1, tau.unsqueeze(1)).squeeze(1)  # [b], correction or bonus
+        result = verify_block(drafts, proposal.q, p, self.generator, self.verify)
+        report.num_accepted = tau = result.num_accepted  # [b]
+        self.last = result.tokens.gather(1, tau.unsqueeze(1)).squeeze(1)  # [b], correction or bonus
         # 4. roll back: drafts after a rejection leave the target's cache (stop at the first rejection)
         lm.discard_last(drafts.size(1) - tau)
         # 5. commit: the drafter learns what was kept; the rows record what was emitted
-        drafter.commit(tau, last)
-        rounds += 1
+        drafter.commit(tau, self.last)
+        self.rounds += 1
         going = rows.record(result, drafts.size(1), lm.calls - calls_before[0],
                             drafter.calls - calls_before[1])
         # 6. retire finished rows: they leave both caches
-        if going.numel() < rows.active.numel():
-            rows.active, last = rows.active[going], last[going]
-            if going.numel():
-                lm.select(going)
-                drafter.select(going)
-    return _output(ids, valid, rows, lm, drafter, rounds, clock.read())
+        self._retire(going)
+        return report
+
+    def _retire(self, going: torch.Tensor) -> None:
+        if going.numel() == self.rows.active.numel():
+            return
+        self.rows.active, self.last = self.rows.active[going], self.last[going]
+        self.done = going.numel() == 0
+        if not self.done:
+            self.lm.select(going)
+            self.drafter.select(going)
+
+    def output(self) -> GenerateOutput:
+        return _output(self.ids, self.valid, self.rows, self.lm, self.drafter, self.rounds,
+                       self.clock.read())
+
+
+def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int,
+              **settings) -> GenerateOutput:
+    """The round loop shared by speculative and plain decoding."""
+    decoder = Decoder(target, drafter, input_ids, attention_mask, **settings)
+    while not decoder.done:
+        decoder.step(gamma)
+    return decoder.output()
 
 
 def _output(ids, valid, rows: _Rows, lm: CachedModel, drafter, rounds: int,
