@@ -25,6 +25,7 @@ import os
 
 import pytest
 import torch
+from scipy import stats
 
 # Nothing in the tests may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -124,3 +125,33 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# --------------------------------------------------------------------------- statistics
+
+ALPHA = 1e-6  # false-failure rate of each statistical test (fixed seeds make it repeatable)
+
+
+def chi_square_pvalue(counts, probs, min_expected=5.0):
+    """Chi-square of observed counts against exact probabilities, as dicts keyed by outcome or as
+    vectors indexed by token; cells expected below min_expected are pooled into one. An outcome
+    with probability 0 that shows up fails outright."""
+    if not isinstance(counts, dict):
+        counts = dict(enumerate(torch.as_tensor(counts, dtype=torch.float64).tolist()))
+        counts = {k: v for k, v in counts.items() if v}
+        probs = dict(enumerate(torch.as_tensor(probs).double().tolist()))
+    n = sum(counts.values())
+    assert all(probs.get(k, 0) > 0 for k in counts), "a zero-probability sequence was generated"
+    observed, expected, pool_obs, pool_exp = [], [], 0, 0.0
+    for key, prob in probs.items():
+        if prob * n >= min_expected:
+            observed.append(counts.get(key, 0))
+            expected.append(prob * n)
+        else:
+            pool_obs, pool_exp = pool_obs + counts.get(key, 0), pool_exp + prob * n
+    if pool_exp > 0:
+        observed.append(pool_obs)
+        expected.append(pool_exp)
+    total = sum(expected)
+    expected = [e * n / total for e in expected]
+    return stats.chisquare(observed, expected).pvalue

@@ -1,4 +1,4 @@
-"""The seed's Part 8 numbers and the measured-cost form."""
+"""The reference's cost-model numbers and the measured-cost form."""
 import pytest
 import torch
 

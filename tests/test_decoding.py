@@ -4,15 +4,13 @@ import itertools
 
 import pytest
 import torch
-from scipy import stats
 
 import exactspec as es
 from exactspec.drafters import ModelDrafter, NGramDrafter
-from conftest import make_tiny_llama
+from conftest import ALPHA, chi_square_pvalue, make_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ALPHA = 1e-6  # false-failure rate of each statistical test (fixed seeds make it repeatable)
 PROMPTS = [[1, 5, 9, 5, 9, 5], [1, 20, 21, 22, 20, 21], [1, 7]]
 
 
@@ -60,26 +58,6 @@ def target_joint(target, prompt, length, sampling):
         joint = {k + (t,): joint[k] * probs[i, t].item()
                  for i, k in enumerate(prefixes) for t in range(probs.size(1))}
     return joint
-
-
-def chi_square_pvalue(counts: dict, probs: dict, min_expected=5.0):
-    """Chi-square of observed against exact probabilities; cells expected below min_expected are
-    pooled into one. A token sequence with probability 0 that shows up fails outright."""
-    n = sum(counts.values())
-    assert all(probs.get(k, 0) > 0 for k in counts), "a zero-probability sequence was generated"
-    observed, expected, pool_obs, pool_exp = [], [], 0, 0.0
-    for key, prob in probs.items():
-        if prob * n >= min_expected:
-            observed.append(counts.get(key, 0))
-            expected.append(prob * n)
-        else:
-            pool_obs, pool_exp = pool_obs + counts.get(key, 0), pool_exp + prob * n
-    if pool_exp > 0:
-        observed.append(pool_obs)
-        expected.append(pool_exp)
-    total = sum(expected)
-    expected = [e * n / total for e in expected]
-    return stats.chisquare(observed, expected).pvalue
 
 
 # The random tiny target is flat (largest probability ≈ 0.15), so the n-gram cases sample at a

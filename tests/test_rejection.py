@@ -1,4 +1,4 @@
-"""The continuous rejection sampler (seed Parts 1–3).
+"""The continuous rejection sampler (the reference's continuous lab).
 
 Statistical tests use fixed seeds, so they are deterministic; the thresholds (4 standard errors,
 p-value > 0.001) say how often a correct sampler would fail them under a fresh seed
@@ -12,50 +12,50 @@ from scipy import stats
 
 from exactspec.lab import rejection
 from exactspec.lab.rejection import (EnvelopeError, RejectionRun, RejectionSampler, normalizing_constant,
-                                 numerical_cdf, seed_samplers, seed_target, target_maximum)
+                                 numerical_cdf, reference_samplers, reference_target, target_maximum)
 
 N_PROPOSALS = 300_000
 
 
 @pytest.fixture(scope="module")
 def samplers():
-    return seed_samplers()
+    return reference_samplers()
 
 
 @pytest.fixture(scope="module")
 def runs(samplers):
-    return rejection.run_seed_experiment(N_PROPOSALS, seed=20240611, samplers=samplers)
+    return rejection.run_reference_experiment(N_PROPOSALS, seed=20240611, samplers=samplers)
 
 
 # --------------------------------------------------------------------------- the target
 
 
-def test_seed_target_formula_vectorized_and_zero_outside():
+def test_reference_target_formula_vectorized_and_zero_outside():
     x = np.array([-4.0, -3.0, -0.5, 0.0, 1.7, 3.0, 3.01])
     expected = np.exp(-x**2 / 2) * (np.sin(6 + x) ** 2 + 3 * np.cos(x) ** 2 * np.sin(4 * x) ** 2 + 1)
     expected[(x < -3) | (x > 3)] = 0.0
-    np.testing.assert_allclose(seed_target(x), expected, rtol=1e-15)
-    assert isinstance(seed_target(0.25), float)
-    assert seed_target(0.0) == pytest.approx(1 + math.sin(6) ** 2)
+    np.testing.assert_allclose(reference_target(x), expected, rtol=1e-15)
+    assert isinstance(reference_target(0.25), float)
+    assert reference_target(0.0) == pytest.approx(1 + math.sin(6) ** 2)
 
 
 def test_normalizing_constant_matches_the_seed():
-    assert abs(normalizing_constant(seed_target, (-3, 3)) - 5.73807) < 1e-4
+    assert abs(normalizing_constant(reference_target, (-3, 3)) - 5.73807) < 1e-4
 
 
 def test_target_maximum_matches_the_seed():
-    x, value = target_maximum(seed_target)
+    x, value = target_maximum(reference_target)
     assert value == pytest.approx(3.696, abs=5e-4)
-    assert seed_target(np.linspace(-3, 3, 100_001)).max() <= value + 1e-12
+    assert reference_target(np.linspace(-3, 3, 100_001)).max() <= value + 1e-12
     assert x == pytest.approx(-0.3634, abs=1e-3)
 
 
 def test_numerical_cdf_is_a_cdf_of_f_over_z():
-    cdf = numerical_cdf(seed_target)
+    cdf = numerical_cdf(reference_target)
     assert cdf(-3.5) == 0 and cdf(3.5) == 1
-    z = normalizing_constant(seed_target)
+    z = normalizing_constant(reference_target)
     for point in (-1.0, 0.0, 0.4, 2.2):
-        assert cdf(point) == pytest.approx(normalizing_constant(seed_target, (-3, point)) / z,
+        assert cdf(point) == pytest.approx(normalizing_constant(reference_target, (-3, point)) / z,
                                            abs=1e-9)
 
 
@@ -82,14 +82,14 @@ def test_accepted_samples_follow_f_over_z(runs, name):
     """Cramér–von Mises against the numerically integrated CDF of f / Z."""
     samples = runs[name].samples
     assert samples.min() >= -3 and samples.max() <= 3
-    result = stats.cramervonmises(samples, numerical_cdf(seed_target))
+    result = stats.cramervonmises(samples, numerical_cdf(reference_target))
     assert result.pvalue > 1e-3
 
 
 def test_goodness_of_fit_detects_a_wrong_sampler(runs):
     """The same test rejects samples of the proposal instead of the target: it has power."""
     wrong = np.random.default_rng(1).uniform(-3, 3, size=20_000)
-    assert stats.cramervonmises(wrong, numerical_cdf(seed_target)).pvalue < 1e-6
+    assert stats.cramervonmises(wrong, numerical_cdf(reference_target)).pvalue < 1e-6
 
 
 def test_candidates_outside_the_support_count_as_rejected():
@@ -124,7 +124,7 @@ def test_propose_heights_lie_under_the_envelope(samplers):
     batch = sampler.propose(5000, np.random.default_rng(2))
     envelope = sampler.C * sampler.proposal.pdf(batch.x)
     assert np.all((batch.height >= 0) & (batch.height < envelope))
-    np.testing.assert_array_equal(batch.accepted, batch.height < seed_target(batch.x))
+    np.testing.assert_array_equal(batch.accepted, batch.height < reference_target(batch.x))
 
 
 # --------------------------------------------------------------------------- rvs
@@ -156,7 +156,7 @@ def test_rvs_rejects_bad_arguments(samplers):
 
 def test_gaussian_envelope_with_c_9_raises_naming_x():
     with pytest.raises(EnvelopeError, match=r"at x = -0\.37\d+: C·g\(x\) = 3\.3\d+ < f\(x\) = 3\.6\d+") as info:
-        RejectionSampler(seed_target, stats.norm(), 9)
+        RejectionSampler(reference_target, stats.norm(), 9)
     assert info.value.x == pytest.approx(-0.378, abs=1e-3)
     assert info.value.shortfall == pytest.approx(0.3436, abs=1e-3)
     assert isinstance(info.value, ValueError)
@@ -178,27 +178,27 @@ def test_envelope_check_is_refined_between_grid_points():
 
 def test_proposal_that_misses_part_of_the_support_raises():
     with pytest.raises(EnvelopeError, match=r"at x = -2"):
-        RejectionSampler(seed_target, stats.uniform(-2, 5), 100)
+        RejectionSampler(reference_target, stats.uniform(-2, 5), 100)
 
 
 def test_valid_envelopes_report_their_closest_approach(samplers):
     gaussian = samplers["gaussian"]
     assert gaussian.envelope_margin > 0
     assert gaussian.envelope_x == pytest.approx(2.7758, abs=1e-3)
-    RejectionSampler(seed_target, stats.norm(), 9.93)  # max f/g ≈ 9.9252: still covers
+    RejectionSampler(reference_target, stats.norm(), 9.93)  # max f/g ≈ 9.9252: still covers
 
 
 @pytest.mark.parametrize("C", [0, -1, math.inf, math.nan, "25", True])
 def test_bad_c_is_named(C):
     with pytest.raises(ValueError, match=r"C must be a finite number > 0, got"):
-        RejectionSampler(seed_target, stats.norm(), C)
+        RejectionSampler(reference_target, stats.norm(), C)
 
 
 def test_bad_proposal_and_support_are_named():
     with pytest.raises(TypeError, match=r"proposal must be a frozen scipy.stats distribution"):
-        RejectionSampler(seed_target, "normal", 11)
+        RejectionSampler(reference_target, "normal", 11)
     with pytest.raises(ValueError, match=r"support must have a < b, got \(3, -3\)"):
-        RejectionSampler(seed_target, stats.norm(), 11, support=(3, -3))
+        RejectionSampler(reference_target, stats.norm(), 11, support=(3, -3))
 
 
 def test_negative_target_is_refused():

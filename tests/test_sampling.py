@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-from scipy import stats
 from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -13,9 +12,9 @@ from transformers.generation.logits_process import (
 
 import exactspec as es
 from exactspec.verify import next_token_weights, stop_distribution
+from conftest import ALPHA, chi_square_pvalue
 
 # Statistical tests fail by chance with probability ALPHA each (fixed seeds make them repeatable).
-ALPHA = 1e-6
 
 
 # --------------------------------------------------------------------------- probs_from_logits
@@ -199,7 +198,7 @@ def test_block_rule_emits_at_least_as_many_tokens_as_token_rule(point_mass):
         assert max(gains) > 1e-3
 
 
-def test_seed_example_by_enumeration():
+def test_reference_example_by_enumeration():
     """q = [0.6, 0.3, 0.1], p = [0.3, 0.4, 0.3]: acceptance [0.5, 1, 1], residual [0, 1/3, 2/3]."""
     q = torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64)
     p = torch.tensor([0.3, 0.4, 0.3], dtype=torch.float64)
@@ -218,15 +217,7 @@ def test_seed_example_by_enumeration():
 # --------------------------------------------------------------------------- statistics
 
 
-def chi_square_pvalue(counts, probs):
-    counts, probs = torch.as_tensor(counts, dtype=torch.float64), torch.as_tensor(probs).double()
-    support = probs > 0
-    assert counts[~support].sum() == 0, "a zero-probability token was emitted"
-    expected = probs[support] / probs[support].sum() * counts.sum()
-    return stats.chisquare(counts[support].numpy(), expected.numpy()).pvalue
-
-
-def test_seed_example_simulation():
+def test_reference_example_simulation():
     """10,000 proposals: the emitted counts match 3000/4000/3000 (chi-square, α = 1e-6)."""
     gen = torch.Generator().manual_seed(2024)
     q = torch.tensor([0.6, 0.3, 0.1])

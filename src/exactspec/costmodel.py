@@ -1,4 +1,4 @@
-"""The seed's Part 8: does drafting pay for itself?
+"""The cost model: does drafting pay for itself?
 
 Words: α (alpha) is the chance that one draft token is accepted, γ (gamma) the block length,
 c the cost of one draft token in units of one target pass.

@@ -21,16 +21,16 @@ DEFAULT_SEED = 0
 
 def rejection_numbers(n_proposals: int = 300_000, seed: int = DEFAULT_SEED, runs=None) -> dict:
     """The reference's rejection-sampling table: theoretical Z/C and observed acceptance per proposal, plus Z and
-    the target's maximum. `runs` (from `run_seed_experiment`) is reused when given."""
-    samplers = rejection.seed_samplers()
-    runs = runs or rejection.run_seed_experiment(n_proposals, seed, samplers)
-    argmax_x, max_f = rejection.target_maximum(rejection.seed_target)
+    the target's maximum. `runs` (from `run_reference_experiment`) is reused when given."""
+    samplers = rejection.reference_samplers()
+    runs = runs or rejection.run_reference_experiment(n_proposals, seed, samplers)
+    argmax_x, max_f = rejection.target_maximum(rejection.reference_target)
     rows = []
     for name, sampler in samplers.items():
         run, theory = runs[name], sampler.theoretical_acceptance
         standard_error = math.sqrt(theory * (1 - theory) / run.n_proposed)  # under the theory
         rows.append({
-            "name": name, "proposal": rejection.SEED_PROPOSALS[name][0], "C": sampler.C,
+            "name": name, "proposal": rejection.REFERENCE_PROPOSALS[name][0], "C": sampler.C,
             "theoretical_acceptance": theory, "acceptance_rate": run.acceptance_rate,
             "n_proposed": run.n_proposed, "n_accepted": run.n_accepted,
             "standard_error": standard_error,
@@ -38,7 +38,7 @@ def rejection_numbers(n_proposals: int = 300_000, seed: int = DEFAULT_SEED, runs
         })
     return {
         "target": "exp(-x^2/2) * [sin^2(6+x) + 3 cos^2(x) sin^2(4x) + 1] on [-3, 3]",
-        "support": list(rejection.SEED_SUPPORT), "Z": samplers["uniform"].normalizing_constant,
+        "support": list(rejection.REFERENCE_SUPPORT), "Z": samplers["uniform"].normalizing_constant,
         "max_f": max_f, "argmax_x": argmax_x, "n_proposals": n_proposals, "seed": seed,
         "proposals": rows,
     }

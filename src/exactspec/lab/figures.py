@@ -1,4 +1,4 @@
-"""Figures 1–5 of the seed document, drawn from this project's own code, and numbers.json.
+"""Figures 1–5 of the reference document, drawn from this project's own code, and numbers.json.
 
     fig1_envelopes.png    target f under each envelope C·g, rejected regions shaded
     fig2_candidates.png   candidate/height pairs (x, u·C·g(x)); survivors lie below f
@@ -67,7 +67,7 @@ def _shared_legend(figure: Figure, ax, **options) -> None:
 
 
 def _label(name: str) -> str:
-    return rejection.SEED_PROPOSALS[name][0].replace("-3", "\u22123")
+    return rejection.REFERENCE_PROPOSALS[name][0].replace("-3", "\u22123")
 
 
 # --------------------------------------------------------------------------- figures 1–3
@@ -127,7 +127,7 @@ def figure_histograms(samplers: dict, runs: dict) -> Figure:
     """Figure 3: histograms of accepted samples against the normalized target f / Z."""
     figure = _figure()
     axes = figure.subplots(1, len(samplers), sharey=True)
-    a, b = rejection.SEED_SUPPORT
+    a, b = rejection.REFERENCE_SUPPORT
     x = np.linspace(a, b, 1201)
     for ax, (name, sampler) in zip(axes, samplers.items()):
         run = runs[name]
@@ -232,8 +232,8 @@ def _prepare(out: Path) -> tuple[bool, Path]:
 def render(out: Path, *, seed: int = 0, n_proposals: int = 300_000, n_tokens: int = 10_000,
            n_pairs: int = 2_000, dpi: int = 110) -> dict:
     """Draw figures 1–5 into folder `out` and return the numbers behind them."""
-    samplers = rejection.seed_samplers()
-    runs = rejection.run_seed_experiment(n_proposals, seed, samplers)
+    samplers = rejection.reference_samplers()
+    runs = rejection.run_reference_experiment(n_proposals, seed, samplers)
     pair_streams = np.random.SeedSequence([seed, 2]).spawn(len(samplers))
     proposals = {name: sampler.propose(n_pairs, np.random.default_rng(stream))
                  for (name, sampler), stream in zip(samplers.items(), pair_streams)}
@@ -253,7 +253,7 @@ def render(out: Path, *, seed: int = 0, n_proposals: int = 300_000, n_tokens: in
                        for name, b in proposals.items()},
         "tokens": tokens,
         "cost": {"c": COST_C, "alphas": list(COST_ALPHAS), "curves": curves,
-                 "seed_example": {"alpha": 0.7, "best": costmodel.best_gamma(0.7, COST_C, 12)}},
+                 "reference_example": {"alpha": 0.7, "best": costmodel.best_gamma(0.7, COST_C, 12)}},
     }
 
 

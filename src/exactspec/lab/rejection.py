@@ -1,4 +1,4 @@
-"""Classical rejection sampling: the seed's Parts 1–3.
+"""Classical rejection sampling: the reference's continuous lab.
 
 Vocabulary (used verbatim below):
 
@@ -24,25 +24,26 @@ from typing import Callable
 import numpy as np
 from scipy import integrate, optimize, stats
 
-SEED_SUPPORT = (-3.0, 3.0)
+REFERENCE_SUPPORT = (-3.0, 3.0)
 
 # Candidates drawn at once by `run` / `rvs`; bounds memory for large runs.
 _CHUNK = 1 << 20
 
 
-def seed_target(x):
-    """The seed's f(x) = exp(−x²/2)·[sin²(6+x) + 3cos²(x)sin²(4x) + 1] on [−3, 3], 0 outside.
+def reference_target(x):
+    """The reference's f(x) = exp(−x²/2)·[sin²(6+x) + 3cos²(x)sin²(4x) + 1] on [−3, 3], 0 outside.
 
     Vectorized over NumPy arrays; a scalar in gives a float out.
     """
     x = np.asarray(x, dtype=float)
     bracket = np.sin(6 + x) ** 2 + 3 * np.cos(x) ** 2 * np.sin(4 * x) ** 2 + 1
-    inside = (x >= SEED_SUPPORT[0]) & (x <= SEED_SUPPORT[1])
+    inside = (x >= REFERENCE_SUPPORT[0]) & (x <= REFERENCE_SUPPORT[1])
     out = np.where(inside, np.exp(-x**2 / 2) * bracket, 0.0)
     return float(out) if out.ndim == 0 else out
 
 
-seed_target.support = SEED_SUPPORT  # read by RejectionSampler when support is None
+reference_target.support = REFERENCE_SUPPORT  # read by RejectionSampler when support is None
+seed_target = reference_target  # its name in the public API contract
 
 
 class EnvelopeError(ValueError):
@@ -86,7 +87,7 @@ class Proposals:
 # --------------------------------------------------------------------------- numerics
 
 
-def normalizing_constant(f: Callable, support: tuple[float, float] = SEED_SUPPORT) -> float:
+def normalizing_constant(f: Callable, support: tuple[float, float] = REFERENCE_SUPPORT) -> float:
     """Z = ∫_a^b f(x) dx by adaptive quadrature (`scipy.integrate.quad`)."""
     a, b = _check_support(support)
     value, _ = integrate.quad(lambda t: float(f(t)), a, b, limit=200, epsabs=1e-12, epsrel=1e-12)
@@ -116,14 +117,14 @@ def refined_minimum(h: Callable, a: float, b: float, *, n_grid: int = 20001,
     return float(best_x), best_value
 
 
-def target_maximum(f: Callable, support: tuple[float, float] = SEED_SUPPORT) -> tuple[float, float]:
+def target_maximum(f: Callable, support: tuple[float, float] = REFERENCE_SUPPORT) -> tuple[float, float]:
     """(x, f(x)) at the target's maximum on the support, by `refined_minimum` of −f."""
     a, b = _finite_bounds(_check_support(support), None)
     x, value = refined_minimum(lambda t: -np.asarray(f(t), dtype=float), a, b)
     return x, -value
 
 
-def numerical_cdf(f: Callable, support: tuple[float, float] = SEED_SUPPORT, *,
+def numerical_cdf(f: Callable, support: tuple[float, float] = REFERENCE_SUPPORT, *,
                   n_grid: int = 200001) -> Callable:
     """F(x) = ∫_a^x f / Z, by cumulative Simpson integration on a fine grid and linear
     interpolation between grid points (0 left of the support, 1 right of it)."""
@@ -284,25 +285,25 @@ class RejectionSampler:
         return (np.concatenate(kept)[:total] if kept else np.empty(0)).reshape(shape)
 
 
-# --------------------------------------------------------------------------- the seed's experiment
+# --------------------------------------------------------------------------- the reference's experiment
 
-SEED_PROPOSALS = {
+REFERENCE_PROPOSALS = {
     # name: (label, frozen proposal, C)
     "uniform": ("Uniform on [-3, 3]", stats.uniform(loc=-3, scale=6), 25.0),
     "gaussian": ("Standard Gaussian", stats.norm(), 11.0),
 }
 
 
-def seed_samplers() -> dict[str, RejectionSampler]:
-    """The seed's two samplers for f: uniform on [−3, 3] with C = 25, standard normal with C = 11."""
-    return {name: RejectionSampler(seed_target, proposal, C)
-            for name, (_, proposal, C) in SEED_PROPOSALS.items()}
+def reference_samplers() -> dict[str, RejectionSampler]:
+    """The reference's two samplers for f: uniform on [−3, 3] with C = 25, standard normal with C = 11."""
+    return {name: RejectionSampler(reference_target, proposal, C)
+            for name, (_, proposal, C) in REFERENCE_PROPOSALS.items()}
 
 
-def run_seed_experiment(n_proposals: int, seed: int,
+def run_reference_experiment(n_proposals: int, seed: int,
                         samplers: dict[str, RejectionSampler] | None = None) -> dict[str, RejectionRun]:
-    """Run each seed sampler for n_proposals candidates, each on its own stream spawned from seed."""
-    samplers = samplers or seed_samplers()
+    """Run each reference sampler for n_proposals candidates, each on its own stream spawned from seed."""
+    samplers = samplers or reference_samplers()
     streams = np.random.SeedSequence(seed).spawn(len(samplers))
     return {name: sampler.run(n_proposals, np.random.default_rng(stream))
             for (name, sampler), stream in zip(samplers.items(), streams)}

@@ -1,6 +1,6 @@
 """A loaded model and the facts the engine reads from it: its vocabulary, context and EOS ids.
 
-Vocabulary (DESIGN rule 5): speculative decoding compares the target's distribution p with the
+Vocabulary (the same-vocabulary rule): speculative decoding compares the target's distribution p with the
 draft's q token by token, so both must number tokens the same way. :func:`exactspec.models.vocab.check_compatible`
 compares the tokenizers' token → id maps. The models' output layers may have more rows than the
 tokenizer has ids (embedding tables are often padded to a multiple of 64 or 128); those extra ids
