@@ -6,12 +6,17 @@ import math
 import pytest
 
 from exactspec import costmodel
-from exactspec.bench import core as bench
+from exactspec.bench.config import BenchConfig, BenchPrompt, parse_gammas, parse_verify
+from exactspec.bench.plot import plot_costmodel
+from exactspec.bench.report import build_costmodel, write_json
+from exactspec.bench.run import run_benchmark
+from exactspec.bench.timing import measure_timings
 from exactspec.cli import main
+from exactspec.cli.bench import load_bench_prompts
 
 TINY_PROMPTS = [
-    bench.BenchPrompt("a", "open", "w1 w2 w3"),
-    bench.BenchPrompt("b", "grounded", "w4 w5 w6 w4 w5 w6 w4 w5"),
+    BenchPrompt("a", "open", "w1 w2 w3"),
+    BenchPrompt("b", "grounded", "w4 w5 w6 w4 w5 w6 w4 w5"),
 ]
 ROW_FIELDS = {
     "method", "draft", "gamma", "verify", "temperature", "prompts", "n_prompts", "output_tokens",
@@ -35,7 +40,7 @@ def tiny_config(**overrides):
                     temperatures=[0.0, 1.0], prompts=list(TINY_PROMPTS), max_new_tokens=6,
                     repeats=2, warmup=1, peers=True)
     settings.update(overrides)
-    return bench.BenchConfig(**settings)
+    return BenchConfig(**settings)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +55,8 @@ def tiny_result():
     draft = LoadedModel(make_tiny_llama(seed=1, num_layers=1), tokenizer, "tiny-draft",
                         torch.float32, cpu)
     config = tiny_config()
-    return bench.run_benchmark(config, models={"tiny-target": target, "tiny-draft": draft},
-                               timings=FAKE_TIMINGS, log=None)
+    return run_benchmark(config, models={"tiny-target": target, "tiny-draft": draft},
+                         timings=FAKE_TIMINGS, log=None)
 
 
 def test_every_configuration_and_field(tiny_result):
@@ -100,7 +105,7 @@ def test_every_configuration_and_field(tiny_result):
 
 def test_json_round_trips(tiny_result, tmp_path):
     path = tmp_path / "bench.json"
-    bench.write_json(tiny_result, path)
+    write_json(tiny_result, path)
     assert json.loads(path.read_text()) == tiny_result
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # no temporary left behind
 
@@ -137,24 +142,24 @@ def test_costmodel_uses_measured_numbers(tiny_result):
 
 
 def test_costmodel_by_hand():
-    """Known α and timings give the seed's S(α, γ, c) where the block costs one target pass."""
+    """Known α and timings give the reference's S(α, γ, c) where the block costs one target pass."""
     rows = [{"method": "speculative", "temperature": 0.8, "prompts": "open", "draft": "d",
              "gamma": 4, "verify": "token", "accepted_drafts": 70, "corrections": 30,
              "speedup_vs_autoregressive": 1.5, "tokens_per_round": 2.8, "ms_per_round": 50.0}]
     timings = {"context_tokens": 10, "target": [{"tokens": n, "seconds": 1.0} for n in range(1, 6)],
                "drafts": {"d": {"seconds_per_token": 0.1, "measured_as": "fake"}}}
-    curve = bench.build_costmodel(rows, timings, curve_max_gamma=4)["curves"][0]
+    curve = build_costmodel(rows, timings, curve_max_gamma=4)["curves"][0]
     assert curve["alpha"] == pytest.approx(0.7)
     assert curve["best_gamma"] == 4
     assert curve["best_predicted_speedup"] == pytest.approx(costmodel.speedup(0.7, 4, 0.1))
-    assert curve["best_predicted_speedup"] == pytest.approx(1.98, abs=0.01)  # the seed's Part 8
+    assert curve["best_predicted_speedup"] == pytest.approx(1.98, abs=0.01)  # the reference's cost model
     assert curve["points"][3]["measured_over_predicted_token"] == pytest.approx(
         1.5 / costmodel.speedup(0.7, 4, 0.1))
 
 
 def test_plot(tiny_result, tmp_path):
     path = tmp_path / "cost.png"
-    bench.plot_costmodel(tiny_result, path)
+    plot_costmodel(tiny_result, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -162,8 +167,8 @@ def test_no_peers_and_one_verify(tiny_loaded_pair):
     target, draft = tiny_loaded_pair
     config = tiny_config(peers=False, verify=["block"], temperatures=[0.5], gammas=[2],
                          drafts=["ngram"], repeats=1, warmup=0)
-    result = bench.run_benchmark(config, models={"tiny-target": target}, timings=FAKE_TIMINGS,
-                                 log=None)
+    result = run_benchmark(config, models={"tiny-target": target}, timings=FAKE_TIMINGS,
+                           log=None)
     assert {r["method"] for r in result["rows"]} == {"autoregressive", "speculative"}
     assert all(r["speedup_vs_hf_generate"] is None for r in result["rows"])
     curve = result["costmodel"]["curves"][0]
@@ -175,7 +180,7 @@ def test_measure_timings_on_tiny_models(tiny_loaded_pair):
 
     target, draft = tiny_loaded_pair
     context = torch.tensor([[1, 5, 6, 7, 5, 6, 8, 9, 10, 11]])
-    timings = bench.measure_timings(target, {"tiny-draft": draft, "ngram": "ngram"}, context, 3)
+    timings = measure_timings(target, {"tiny-draft": draft, "ngram": "ngram"}, context, 3)
     assert [item["tokens"] for item in timings["target"]] == [1, 2, 3, 4]
     assert all(item["seconds"] > 0 for item in timings["target"])
     assert timings["drafts"]["tiny-draft"]["seconds_per_token"] > 0
@@ -183,21 +188,34 @@ def test_measure_timings_on_tiny_models(tiny_loaded_pair):
 
 
 def test_gammas_and_verify_parsing():
-    assert bench.parse_gammas("8, 1,2,4,2") == [1, 2, 4, 8]
+    assert parse_gammas("8, 1,2,4,2") == [1, 2, 4, 8]
     for bad in ("", "1,,2", "0", "33", "two", "1.5"):
-        with pytest.raises(ValueError, match="--gammas"):
-            bench.parse_gammas(bad)
-    assert bench.parse_verify("token,block") == ["block", "token"]
-    with pytest.raises(ValueError, match="--verify"):
-        bench.parse_verify("token,joint")
+        with pytest.raises(ValueError, match="^gammas"):  # the library names the parameter
+            parse_gammas(bad)
+        with pytest.raises(ValueError, match="^--gammas"):  # or the option that carried it
+            parse_gammas(bad, "--gammas")
+    assert parse_verify("token,block") == ["block", "token"]
+    with pytest.raises(ValueError, match="^verify"):
+        parse_verify("token,joint")
+    with pytest.raises(ValueError, match="^--verify"):
+        parse_verify("token,joint", "--verify")
+
+
+def test_config_check_names_the_parameter():
+    for overrides, message in (({"gammas": [0]}, r"^gammas must be integers in \[1, 32\]"),
+                               ({"drafts": []}, r"^drafts needs at least one draft"),
+                               ({"repeats": 0}, r"^repeats must be an integer >= 1, got 0"),
+                               ({"top_p": 1.5}, r"^top_p must be in \(0, 1\], got 1.5")):
+        with pytest.raises(ValueError, match=message):
+            tiny_config(**overrides).check()
 
 
 def test_load_prompts(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "hello"}\n\n{"prompt": "copy this", "kind": "grounded", '
                     '"name": "c"}\n')
-    assert bench.load_prompts(path) == [bench.BenchPrompt("line 1", "custom", "hello"),
-                                        bench.BenchPrompt("c", "grounded", "copy this")]
+    assert load_bench_prompts(path) == [BenchPrompt("line 1", "custom", "hello"),
+                                        BenchPrompt("c", "grounded", "copy this")]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,7 +1,7 @@
 """`bench_batch`: throughput rows at several batch sizes (tiny models; no timing thresholds)."""
 import torch
 
-from exactspec.bench.core import BenchConfig, BenchPrompt
+from exactspec.bench.config import BenchConfig, BenchPrompt
 from exactspec.bench.batch import batch_inputs, batch_throughput
 
 

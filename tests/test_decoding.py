@@ -196,12 +196,38 @@ def test_same_seed_same_output(tiny_pair):
     assert torch.equal(*plain)
 
 
-def test_ngram_drafter_proposes_earlier_continuation():
-    drafter = NGramDrafter(max_ngram=3)
-    seq = torch.tensor([4, 5, 6, 7, 8, 4, 5, 6, 9, 4, 5, 6])
-    assert drafter.lookup(seq, 3).tolist() == [9, 4, 5]  # the most recent earlier match
-    assert drafter.lookup(torch.tensor([1, 2, 3]), 3).tolist() == []
-    assert drafter.lookup(torch.tensor([3, 1, 2, 3]), 5).tolist() == [1, 2, 3]
+@pytest.mark.parametrize("rule, expected", [("latest", [9, 4, 5]), ("earliest", [7, 8, 4])])
+def test_ngram_drafter_proposes_earlier_continuation(rule, expected):
+    from exactspec.drafters.ngram import SuffixIndex
+
+    drafter = NGramDrafter(max_ngram=3, rule=rule)
+    index = SuffixIndex([4, 5, 6, 7, 8, 4, 5, 6, 9, 4, 5, 6], max_n=3)
+    assert drafter.lookup(index, 3) == expected  # the longest suffix, [4, 5, 6], matched earlier
+    assert drafter.lookup(SuffixIndex([1, 2, 3], 3), 3) == []
+    assert drafter.lookup(SuffixIndex([3, 1, 2, 3], 3), 5) == [1, 2, 3]
+
+
+def test_suffix_index_matches_brute_force_as_it_grows():
+    """Built token by token, the index finds the same longest earlier match as a scan of the
+    whole context, for both rules."""
+    from exactspec.drafters.ngram import SuffixIndex
+
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 4, (200,), generator=gen).tolist()
+    index = SuffixIndex(tokens[:1], max_n=6)
+    for length in range(2, len(tokens) + 1):
+        index.extend(tokens[length - 1:length])
+        seq = tokens[:length]
+        for rule in ("earliest", "latest"):
+            assert index.lookup(1, rule) == brute_force_match(seq, 6, rule)
+
+
+def brute_force_match(seq: list[int], max_n: int, rule: str):
+    for n in range(min(max_n, len(seq) - 1), 0, -1):
+        ends = [e for e in range(n - 1, len(seq) - 1) if seq[e - n + 1:e + 1] == seq[-n:]]
+        if ends:
+            return n, ends[0] if rule == "earliest" else ends[-1]
+    return 0, None
 
 
 def test_padded_embeddings_get_zero_probability(tiny_tokenizer):
@@ -223,8 +249,8 @@ def test_padded_embeddings_get_zero_probability(tiny_tokenizer):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(gamma=0), r"gamma must be an integer in \[1, 32\], got 0"),
-    (dict(gamma=33), r"gamma must be an integer in \[1, 32\], got 33"),
+    (dict(gamma=0), r"gamma must be an integer in \[1, 32\] or 'auto', got 0"),
+    (dict(gamma=33), r"gamma must be an integer in \[1, 32\] or 'auto', got 33"),
     (dict(max_new_tokens=-1), r"max_new_tokens must be an integer >= 0, got -1"),
     (dict(temperature=-1.0), r"temperature must be a finite number >= 0, got -1.0"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),

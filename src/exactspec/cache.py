@@ -136,3 +136,39 @@ class CachedModel:
         self.cache.batch_select_indices(rows.to(self.device))
         self.valid = self.valid[rows.to(self.device)]
         self._crop_shared_holes()
+
+    def merge(self, other: "CachedModel") -> None:
+        """Append the rows of `other` (the same model, prefilled on its own) below this batch's
+        rows: rows joining a running batch. The shorter cache is left-padded with hole columns so
+        both are rectangular; holes are masked and positions come from `valid`, so every row
+        computes exactly what it did before. A side with no columns contributes only holes."""
+        width = max(self.length, other.length)
+        shapes = self.cache.layers or other.cache.layers  # where a side has none, holes need a shape
+        merged = []
+        for i, like in enumerate(shapes):
+            parts = [_left_padded(side.cache.layers[i] if side.cache.layers else None, like,
+                                  side.valid.size(0), width) for side in (self, other)]
+            merged.append([torch.cat(kv, dim=0) for kv in zip(*parts)])  # keys, values [B+n, H, T, D]
+        cache = self.cache if self.cache.layers else other.cache
+        for layer, (keys, values) in zip(cache.layers, merged):
+            layer.keys, layer.values = keys, values
+        self.cache = cache
+        holes = [torch.zeros(side.valid.size(0), width - side.length, dtype=torch.bool,
+                             device=self.device) for side in (self, other)]
+        self.valid = torch.cat([torch.cat([holes[0], self.valid], dim=1),
+                                torch.cat([holes[1], other.valid.to(self.device)], dim=1)])  # [B+n, T]
+        self.calls += other.calls
+        self.tokens_fed += other.tokens_fed
+        self.padding_fed += other.padding_fed
+
+
+def _left_padded(layer, like, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's keys and values [rows, H, width, D], with zero (hole) columns on the left; a
+    missing layer (an empty cache) is all holes, shaped like `like`."""
+    out = []
+    for name in ("keys", "values"):
+        ref = getattr(like, name)  # [B, H, T, D]
+        have = getattr(layer, name) if layer is not None else ref.new_zeros(rows, ref.size(1), 0, ref.size(3))
+        pad = ref.new_zeros(rows, ref.size(1), width - have.size(2), ref.size(3))
+        out.append(torch.cat([pad, have], dim=2))  # [rows, H, width, D]
+    return out[0], out[1]

@@ -14,13 +14,16 @@ A row's output is exact however it is cut: a prefix of an exact sample is an exa
 """
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 
+from exactspec.batching import DRAFT, ContinuousBatching
 from exactspec.cache import CachedModel
+from exactspec.controller import AUTO, GammaController
 from exactspec.drafters import Drafter, make_drafter
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.sampling import SamplingConfig
@@ -69,11 +72,14 @@ class DecodeStats:
 class GenerateOutput:
     """sequences: LongTensor[B, L + n], each row's prompt followed by its new tokens; a list of
     per-row LongTensors when rows differ in length (prompts of different lengths, or rows that
-    ended early). stats: the whole batch; row_stats: one DecodeStats per row."""
+    ended early). stats: the whole batch; row_stats: one DecodeStats per row; rounds_by_source:
+    how many rounds each way of drafting proposed ("model", "ngram"), and "plain" for rounds
+    with no drafts."""
 
     sequences: torch.Tensor | list[torch.Tensor]
     stats: DecodeStats = field(default_factory=DecodeStats)
     row_stats: list[DecodeStats] = field(default_factory=list)
+    rounds_by_source: dict[str, int] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- set-up and checks
@@ -88,9 +94,10 @@ def check_generation_args(input_ids: torch.Tensor, max_new_tokens: int,
         raise ValueError(f"the prompt is empty: input_ids has shape {tuple(input_ids.shape)}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens}")
-    if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int)
-                              or not 1 <= gamma <= MAX_GAMMA):
-        raise ValueError(f"gamma must be an integer in [1, {MAX_GAMMA}], got {gamma}")
+    if gamma is None or gamma == AUTO or hasattr(gamma, "choose"):
+        return  # a controller checks its own choices
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
+        raise ValueError(f"gamma must be an integer in [1, {MAX_GAMMA}] or 'auto', got {gamma!r}")
 
 
 def _generator(seed: int | None, device: torch.device) -> torch.Generator:
@@ -169,10 +176,19 @@ class _Rows:
         self.stats = [DecodeStats() for _ in range(batch)]
         self.active = torch.arange(batch)  # original index of each row still in the batch
         self.max_new_tokens, self.eos, self.clock, self.on_tokens = max_new_tokens, eos, clock, on_tokens
+        self.budget = [max_new_tokens] * batch  # per original row: rows may differ (rule 8)
         self.first_token_at: float | None = None
 
     def budget_left(self) -> int:
-        return max(self.max_new_tokens - len(self.new[r]) for r in self.active.tolist())
+        return max(self.budget[r] - len(self.new[r]) for r in self.active.tolist())
+
+    def join(self, budgets: list[int]) -> None:
+        """Rows joining the batch at a round boundary: new original indices, appended last."""
+        first = len(self.new)
+        self.new += [[] for _ in budgets]
+        self.stats += [DecodeStats() for _ in budgets]
+        self.budget += list(budgets)
+        self.active = torch.cat([self.active, torch.arange(first, first + len(budgets))])
 
     def record(self, result, drafted: int, target_calls: int, draft_calls: int) -> torch.Tensor:
         """Count one round per active row; return the batch positions of rows still going."""
@@ -183,18 +199,29 @@ class _Rows:
         for i, row in enumerate(self.active.tolist()):
             tau = int(result.num_accepted[i])
             new = _cut(result.tokens[i, : tau + 1].tolist(), self.eos,
-                       self.max_new_tokens - len(self.new[row]))
+                       self.budget[row] - len(self.new[row]))
+            ended = self.on_tokens(row, new) if self.on_tokens is not None and new else None
+            if isinstance(ended, EndRow):  # the callback's stopping rule ends the row here
+                new = new[: ended.keep]
             self.new[row].extend(new)
-            _count_round(self.stats[row], new, drafted, tau, target_calls, draft_calls)
+            _count_round(self.stats[row], new, drafted if isinstance(drafted, int) else drafted[i],
+                         tau, target_calls, draft_calls)
             if self.stats[row].time_to_first_token is None and new:
                 self.stats[row].time_to_first_token = now
-            if self.on_tokens is not None and new:
-                self.on_tokens(row, new)
-            if new and new[-1] in self.eos or len(self.new[row]) >= self.max_new_tokens:
+            if (isinstance(ended, EndRow) or new and new[-1] in self.eos
+                    or len(self.new[row]) >= self.budget[row]):
                 self.stats[row].wall_seconds = now
             else:
                 going.append(i)
         return torch.tensor(going, dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class EndRow:
+    """What `on_tokens(row, new_ids)` returns to end that row after the first `keep` of new_ids
+    (a stopping rule: one that reads only the row's own tokens keeps the output exact)."""
+
+    keep: int
 
 
 def _count_round(stats: DecodeStats, new: list[int], drafted: int, tau: int,
@@ -246,7 +273,7 @@ class Round:
     target_seconds: float
 
 
-class Decoder:
+class Decoder(ContinuousBatching):
     """The round loop's state over B rows: the target's cache, the drafter, the rows.
 
     `step(gamma)` runs one round; `generate` drives it until every row is done."""
@@ -275,18 +302,19 @@ class Decoder:
     def step(self, gamma: int) -> Round:
         """One round with at most γ drafts per row (fewer near the end of the budget)."""
         lm, drafter, rows = self.lm, self.drafter, self.rows
-        block = min(gamma, rows.budget_left() - 1)  # the longest budget left decides
+        block = self._block(gamma)  # the longest budget left decides
         calls_before, started = (lm.calls, drafter.calls), self.clock.read()
         # 1. draft: up to γ tokens per row, with the q they were drawn from
-        proposal = drafter.propose(block, self.sampling, self.generator)
+        sampling = self._settings()  # bound to each row's prefix when its processing reads it
+        proposal = drafter.propose(block, sampling, self._stream(DRAFT))
         drafts = proposal.tokens.to(lm.device)  # [b, γ']
         drafted_at, fed_before = self.clock.read(), lm.tokens_fed
         # 2. score: one target pass over the last committed token and the drafts
-        p = self.sampling.probs(self.scorer.score(self.last, drafts))  # [b, γ'+1, V]
+        p = sampling.probs(self.scorer.score(self.last, drafts), drafts=drafts)  # [b, γ'+1, V]
         report = Round(drafts.size(1), None, (lm.tokens_fed - fed_before) // drafts.size(0),
                        drafted_at - started, self.clock.read() - drafted_at)
         # 3. verify: keep a prefix of the drafts, then one correction or bonus token
-        result = verify_block(drafts, proposal.q, p, self.generator, self.verify)
+        result = self._verify(proposal, drafts, p)
         report.num_accepted = tau = result.num_accepted  # [b]
         self.last = result.tokens.gather(1, tau.unsqueeze(1)).squeeze(1)  # [b], correction or bonus
         # 4. roll back: drafts after a rejection leave the target's cache (stop at the first rejection)
@@ -294,17 +322,31 @@ class Decoder:
         # 5. commit: the drafter learns what was kept; the rows record what was emitted
         drafter.commit(tau, self.last)
         self.rounds += 1
-        going = rows.record(result, drafts.size(1), lm.calls - calls_before[0],
+        going = rows.record(result, self._drafted(proposal, drafts), lm.calls - calls_before[0],
                             drafter.calls - calls_before[1])
         # 6. retire finished rows: they leave both caches
         self._retire(going)
         return report
+
+    def _settings(self):
+        """This round's sampling settings. Settings that read the tokens before each position
+        (`needs_prefix`: Transformers' logits processors) are bound to the active rows: each row's
+        index and committed tokens (its prompt row as given, left padding included, then its new
+        tokens); the drafter and the target then pass the drafts before each position."""
+        if not getattr(self.sampling, "needs_prefix", False):
+            return self.sampling
+        committed = [torch.cat([self.ids[row], self.ids.new_tensor(self.rows.new[row])])
+                     for row in self.rows.active.tolist()]
+        return self.sampling.after(self.rows.active, committed)
 
     def _retire(self, going: torch.Tensor) -> None:
         if going.numel() == self.rows.active.numel():
             return
         self.rows.active, self.last = self.rows.active[going], self.last[going]
         self.done = going.numel() == 0
+        if self.per_row is not None:
+            self.per_row.select(going)
+            self.sampling = self.per_row.sampling()
         if not self.done:
             self.lm.select(going)
             self.drafter.select(going)
@@ -314,13 +356,28 @@ class Decoder:
                        self.clock.read())
 
 
-def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int,
+def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int | str,
               **settings) -> GenerateOutput:
-    """The round loop shared by speculative and plain decoding."""
+    """The round loop shared by speculative and plain decoding. gamma "auto" (a
+    `GammaController`) or a controller object picks each round's γ from the rounds before it
+    (the past-only rule)."""
     decoder = Decoder(target, drafter, input_ids, attention_mask, **settings)
+    controller = gamma if hasattr(gamma, "choose") else None
+    if gamma == AUTO:  # timings carry over between generations with the same target and drafter
+        target_key = (id(decoder.lm.model), decoder.ids.size(0))
+        controller = GammaController.shared(target_key, (*target_key, drafter.name))
+    by_source: dict[str, int] = {}
     while not decoder.done:
-        decoder.step(gamma)
-    return decoder.output()
+        source = drafter.next_source()
+        report = decoder.step(controller.choose(source) if controller else gamma)
+        if controller:
+            controller.observe(source, report.drafted, report.num_accepted, report.target_tokens,
+                               report.draft_seconds, report.target_seconds)
+        kind = source if report.drafted else "plain"
+        by_source[kind] = by_source.get(kind, 0) + 1
+    out = decoder.output()
+    out.rounds_by_source = by_source
+    return out
 
 
 def _output(ids, valid, rows: _Rows, lm: CachedModel, drafter, rounds: int,
@@ -342,40 +399,54 @@ def _output(ids, valid, rows: _Rows, lm: CachedModel, drafter, rounds: int,
     return GenerateOutput(sequences, total, rows.stats)
 
 
+def _bfloat16_copy(target):
+    """The default model draft: the target's own weights in bfloat16, sharing its tokenizer."""
+    model, tokenizer, name = unwrap_model(target, "target")
+    draft = copy.deepcopy(model).to(torch.bfloat16)
+    return (draft, tokenizer) if tokenizer is not None else draft
+
+
 @torch.inference_mode()
 def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int,
                             temperature: float = 1.0, top_k: int | None = None,
                             top_p: float | None = None, seed: int | None = None,
                             eos_token_id=None, attention_mask=None,
-                            on_tokens=None) -> GenerateOutput:
+                            on_tokens=None, sampling=None) -> GenerateOutput:
     """Plain decoding of the target: one forward pass and one draw from p per output token.
-    input_ids[B, L] with an optional attention_mask (left or right padding); `on_tokens` as in
-    `speculative_generate`."""
+    input_ids[B, L] with an optional attention_mask (left or right padding); `on_tokens` and
+    `sampling` as in `speculative_generate`."""
     check_generation_args(input_ids, max_new_tokens)
-    sampling = SamplingConfig(temperature, top_k, top_p)
+    sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling
     return _generate(target, make_drafter(None), input_ids, attention_mask, gamma=0,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                      eos_token_id=eos_token_id, verify="token", on_tokens=on_tokens)
 
 
 @torch.inference_mode()
-def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int,
+def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int | str = AUTO,
                          max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                          top_p: float | None = None, seed: int | None = None,
                          eos_token_id=None, attention_mask=None, verify: str = "block",
-                         on_tokens=None) -> GenerateOutput:
+                         on_tokens=None, sampling=None) -> GenerateOutput:
     """Speculative decoding: each row's output follows the target's decoding distribution exactly.
 
-    target: a Hugging Face causal LM or LoadedModel. draft: a model, a model spec, "ngram", or
-    any drafter (see `exactspec.drafters.make_drafter`). input_ids[B, L] with an optional
+    target: a Hugging Face causal LM or LoadedModel. draft: a model, a model spec, "ngram",
+    "auto" (prompt lookup or a bfloat16 copy of the target, round by round; "auto:SPEC" names the
+    model draft), or any drafter (see `exactspec.drafters.make_drafter`). gamma: drafts per round,
+    or "auto" (chosen each round from measured costs and acceptance: `GammaController`), or a
+    controller of your own with its `choose` and `observe` methods. input_ids[B, L] with an optional
     attention_mask (left or right padding). verify: "block" (joint block verification, never
     fewer tokens per round) or "token" (the reference's rule); both are exact.
-    `on_tokens(row, new_ids)` is called with the tokens each round emits for a row, for streaming.
+    `on_tokens(row, new_ids)` is called with the tokens each round emits for a row, for streaming;
+    it may return `EndRow(n)` to end that row after the first n of them (a stopping rule that
+    reads only the row's own tokens keeps the output exact). `sampling`, when given, makes p and q instead
+    of temperature / top_k / top_p (e.g. `exactspec.hf.Processing`: Transformers' processors).
     """
     check_generation_args(input_ids, max_new_tokens, gamma)
-    sampling = SamplingConfig(temperature, top_k, top_p)
+    sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling
     if verify not in VERIFY_RULES:
         raise ValueError(f"verify must be one of {VERIFY_RULES}, got {verify!r}")
-    return _generate(target, make_drafter(draft), input_ids, attention_mask, gamma=gamma,
+    drafter = make_drafter(draft, default_model=_bfloat16_copy(target) if draft == AUTO else None)
+    return _generate(target, drafter, input_ids, attention_mask, gamma=gamma,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                      eos_token_id=eos_token_id, verify=verify, on_tokens=on_tokens)

@@ -65,8 +65,22 @@ def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     return scores.softmax(dim=-1)
 
 
+def uniforms(shape, generator, dtype: torch.dtype, device) -> torch.Tensor:
+    """U[0, 1) draws of `shape`. `generator`: one torch.Generator (or None) draws them all; a list
+    of shape[0] generators gives each row its own stream (a row owns its randomness, rule 8):
+    row b's shape[1:] draws come from generator[b] alone, whatever the other rows are."""
+    if not isinstance(generator, (list, tuple)):
+        return torch.rand(shape, generator=generator, dtype=dtype, device=device)
+    if len(generator) != shape[0]:
+        raise ValueError(f"generator must be one torch.Generator or one per row ({shape[0]}), "
+                         f"got a list of {len(generator)}")
+    rows = [torch.rand(tuple(shape[1:]), generator=g, dtype=dtype, device=device) for g in generator]
+    return torch.stack(rows) if rows else torch.empty(tuple(shape), dtype=dtype, device=device)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One categorical draw per row of probs[..., V] (weights need not be normalized).
+    """One categorical draw per row of probs[..., V] (weights need not be normalized);
+    `generator` may be a list of one generator per probs.shape[0] row (see `uniforms`).
 
     Inverse-CDF sampling: the first index whose float64 cumulative weight exceeds u · total,
     u ~ U[0, 1). A zero-weight token never has a cumulative weight above its predecessor's, so it
@@ -77,8 +91,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     total = cdf[:, -1:]  # [N, 1]
     if not (total > 0).all():
         raise ValueError("cannot sample from a distribution with zero total weight")
-    u = torch.rand(flat.size(0), 1, generator=generator, dtype=torch.float64,
-                   device=flat.device)  # [N, 1]
+    u = uniforms(probs.shape[:-1], generator, torch.float64, flat.device).reshape(-1, 1)  # [N, 1]
     tokens = torch.searchsorted(cdf, u * total, right=True).squeeze(-1)  # [N]
     overflow = tokens == flat.size(-1)  # u · total rounded up to total: take the last positive weight
     if overflow.any():
@@ -95,8 +108,48 @@ class SamplingConfig:
     top_k: int | None = None
     top_p: float | None = None
 
+    # Settings whose processing reads the tokens before each position (Transformers' logits
+    # processors, `exactspec.hf.Processing`) set this: the engine then binds them to each round's
+    # rows with `after(rows, committed)` and passes `drafts=` to `probs`. Not a dataclass field.
+    needs_prefix = False
+
     def __post_init__(self):
         check_sampling_args(self.temperature, self.top_k, self.top_p)
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, drafts: torch.Tensor | None = None) -> torch.Tensor:
+        """p or q from logits[..., V]; `drafts` (the tokens before each position) is not read."""
         return probs_from_logits(logits, self.temperature, self.top_k, self.top_p)
+
+
+class RowSampling:
+    """Per-row decoding settings (rule 8: a row owns its settings): row b's p and q are made with
+    configs[b], by the same `probs_from_logits` (the same-processing rule holds per row).
+    Rows that share settings are processed together."""
+
+    def __init__(self, configs):
+        self.configs = tuple(configs)  # one SamplingConfig per row
+
+    def probs(self, logits: torch.Tensor, **kwargs) -> torch.Tensor:
+        """logits[B, ..., V] → probabilities [B, ..., V], row b with configs[b]."""
+        if logits.size(0) != len(self.configs):
+            raise ValueError(f"logits must have one row per config ({len(self.configs)}), "
+                             f"got shape {tuple(logits.shape)}")
+        groups: dict[SamplingConfig, list[int]] = {}
+        for row, config in enumerate(self.configs):
+            groups.setdefault(config, []).append(row)
+        if len(groups) == 1:
+            return self.configs[0].probs(logits, **kwargs)
+        out = None
+        for config, rows in groups.items():
+            index = torch.tensor(rows, device=logits.device)  # [b]
+            rows_of = {k: v[index] if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            part = config.probs(logits[index], **rows_of)  # [b, ..., V]
+            out = part.new_empty(logits.shape) if out is None else out  # [B, ..., V]
+            out[index] = part
+        return out
+
+    def select(self, rows: torch.Tensor) -> "RowSampling":
+        return RowSampling(self.configs[i] for i in rows.tolist())
+
+    def extend(self, configs) -> "RowSampling":
+        return RowSampling((*self.configs, *configs))

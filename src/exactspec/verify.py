@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.sampling import sample
+from exactspec.sampling import uniforms as draw_uniforms
 
 VERIFY_RULES = ("token", "block")
 
@@ -209,7 +210,7 @@ def _sample_num_accepted(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: 
     block: τ = the largest i with η_i ≤ h_i (0 if none).
     """
     batch, gamma = draft_tokens.shape
-    uniforms = torch.rand(batch, gamma, generator=generator, dtype=p.dtype, device=p.device)
+    uniforms = draw_uniforms((batch, gamma), generator, p.dtype, p.device)  # [B, γ]
     if verify == "block" and gamma > 0:
         h = _block_stop_probs_h(draft_tokens, q, p)  # [B, γ]
         positions = torch.arange(1, gamma + 1, device=p.device)  # [γ]
@@ -226,7 +227,8 @@ def verify_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
     draft_tokens: LongTensor[B, γ], sampled from q (or proposed deterministically: q None);
     q: [B, γ, V] the draft's distributions; p: [B, γ+1, V] the target's, the last one after
     the whole block. verify "token" is the reference's rule; "block" judges the block jointly
-    (Sun et al. 2024) and never emits fewer tokens per round in expectation.
+    (Sun et al. 2024) and never emits fewer tokens per round in expectation. generator: one
+    torch.Generator, or a list of one per row, each row drawing only from its own (rule 8).
     """
     _check_block_inputs(draft_tokens, q, p, verify)
     batch, gamma = draft_tokens.shape
@@ -237,6 +239,35 @@ def verify_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
     padded = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), -1)], dim=1)  # [B, γ+1]
     tokens = torch.where(positions < num_accepted.unsqueeze(1), padded, -1)  # [B, γ+1]
     tokens[torch.arange(batch, device=p.device), num_accepted] = next_token
+    return BlockResult(tokens=tokens, num_accepted=num_accepted)
+
+
+def verify_rows(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+                generators: list, lengths: list[int], rules: list[str]) -> BlockResult:
+    """`verify_block` with each row's own block length, rule and random stream (rule 8).
+
+    Row b verifies only its first lengths[b] drafts (γ_b ≤ γ) with rule rules[b] and draws from
+    generators[b]: it is exactly the round that row would have alone with γ_b drafts (the drafts
+    after γ_b are ignored and the bonus comes from p_{γ_b+1}). Rows with the same (γ_b, rule)
+    are verified together. Returns tokens [B, γ+1] (−1 padded) and num_accepted [B].
+    """
+    batch, gamma = draft_tokens.shape
+    if not len(generators) == len(lengths) == len(rules) == batch:
+        raise ValueError(f"generators, lengths and rules need one entry per row ({batch}), got "
+                         f"{len(generators)}, {len(lengths)} and {len(rules)}")
+    tokens = draft_tokens.new_full((batch, gamma + 1), -1)  # [B, γ+1]
+    num_accepted = draft_tokens.new_zeros(batch)  # [B]
+    groups: dict[tuple[int, str], list[int]] = {}
+    for row, key in enumerate(zip(lengths, rules)):
+        if not 0 <= key[0] <= gamma:
+            raise ValueError(f"lengths[{row}] must be in [0, {gamma}], got {key[0]}")
+        groups.setdefault(key, []).append(row)
+    for (length, rule), rows in groups.items():
+        index = torch.tensor(rows, device=draft_tokens.device)  # [b]
+        part = verify_block(draft_tokens[index, :length], None if q is None else q[index, :length],
+                            p[index, : length + 1], [generators[r] for r in rows], rule)
+        tokens[index, : length + 1] = part.tokens  # [b, γ_b+1]
+        num_accepted[index] = part.num_accepted  # [b]
     return BlockResult(tokens=tokens, num_accepted=num_accepted)
 
 

@@ -20,7 +20,9 @@ from typing import Callable
 
 import torch
 
-from exactspec.bench.core import BenchConfig
+from exactspec.bench.config import BenchConfig
+from exactspec.bench.report import machine_info
+from exactspec.bench.run import load_models
 from exactspec.engine import autoregressive_generate, pad_prompts, speculative_generate
 from exactspec.models import encode_prompt
 
@@ -44,7 +46,7 @@ def _timed(generate: Callable, repeats: int, warmup: int) -> tuple[float, object
 
 def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: list[int],
                      log: Callable[[str], None] = lambda _m: None) -> list[dict]:
-    """One row per (batch size, temperature, method, draft, γ, rule): total output tokens/s and
+    """One row per (batch size, temperature, method, draft, γ, verify): total output tokens/s and
     its ratio to plain decoding at the same batch size."""
     prompt_ids = [encode_prompt(target, p.text) for p in config.prompts]
     rows = []
@@ -56,21 +58,21 @@ def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: lis
                           seed=config.seed, eos_token_id=[])
             log(f"batch {batch_size}, T = {temperature:g}: autoregressive ...")
             plain, _ = _timed(lambda: autoregressive_generate(target, ids, **common),
-                                 config.repeats, config.warmup)
+                              config.repeats, config.warmup)
             base = {"batch_size": batch_size, "temperature": temperature}
             rows.append({**base, "method": "autoregressive", "draft": None, "gamma": None,
                          "verify": None, "tokens_per_s": plain, "speedup": 1.0})
             for spec, draft in drafts.items():
                 for gamma in config.gammas:
-                    for rule in config.verify:
+                    for verify in config.verify:
                         log(f"batch {batch_size}, T = {temperature:g}: {spec} γ = {gamma} "
-                            f"{rule} ...")
+                            f"{verify} ...")
                         rate, out = _timed(
                             lambda: speculative_generate(target, draft, ids, gamma=gamma,
-                                                         verify=rule, **common),
+                                                         verify=verify, **common),
                             config.repeats, config.warmup)
                         rows.append({**base, "method": "speculative", "draft": spec,
-                                     "gamma": gamma, "verify": rule, "tokens_per_s": rate,
+                                     "gamma": gamma, "verify": verify, "tokens_per_s": rate,
                                      "speedup": rate / plain,
                                      "acceptance_rate": out.stats.acceptance_rate,
                                      "tokens_per_round": statistics.fmean(
@@ -82,22 +84,10 @@ def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: lis
     return rows
 
 
-
 def run_batch_benchmark(config: BenchConfig, batch_sizes: list[int],
                         log: Callable[[str], None] = lambda _m: None) -> dict:
     """Load the models of `config` and measure `batch_throughput`: {config, machine, batch}."""
-    from exactspec.bench.core import NGRAM, machine_info
-    from exactspec.models import check_compatible, load_model
-
-    config.check()
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    target = load_model(config.target, device=config.device)
-    drafts = {}
-    for spec in config.drafts:
-        drafts[spec] = NGRAM if spec == NGRAM else load_model(spec, device=config.device)
-        if spec != NGRAM:
-            check_compatible(target, drafts[spec])
+    target, drafts = load_models(config)
     log(f"loaded {target.spec} and {len(drafts)} draft(s)")
     rows = batch_throughput(target, drafts, config, batch_sizes, log)
     return {"config": {**config.to_dict(), "batch_sizes": batch_sizes},

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 
-from exactspec.cli.common import CliError, output_path, parse_float, parse_int, print_table
+from exactspec.cli.common import (CliError, output_path, parse_float, parse_int, print_table,
+                                  read_prompts)
+
 
 def register(subparsers) -> None:
-    from exactspec.bench import core as bench
+    from exactspec.bench import config as bench
 
     p = subparsers.add_parser(
         "bench", help="benchmark speculative vs plain decoding and Transformers' generation",
@@ -49,7 +51,7 @@ def register(subparsers) -> None:
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also run Transformers' generate() and assisted generation "
                         "(default: on)")
-    p.add_argument("--verify", default="block,token",
+    p.add_argument("--verify", default=",".join(bench.VERIFY_ORDER),
                    help="verification rules for speculative rows (default: %(default)s)")
     p.add_argument("--seed", default=str(bench.DEFAULT_SEED),
                    help="prompt i uses seed + i in every run (default: %(default)s)")
@@ -68,18 +70,25 @@ def register(subparsers) -> None:
 # --------------------------------------------------------------------------- option checks
 
 
+def load_bench_prompts(path: str) -> list:
+    """The BenchPrompts of a JSONL prompt file (`read_prompts`: a CliError naming the line)."""
+    from exactspec.bench.config import BenchPrompt
+
+    return [BenchPrompt(p["name"], p["kind"], p["prompt"]) for p in read_prompts(path, "--prompts")]
+
+
 def config_from_args(args):
-    from exactspec.bench import core as bench
+    from exactspec.bench import config as bench
 
     try:
-        gammas = bench.parse_gammas(args.gammas)
-        verify = bench.parse_verify(args.verify)
-        if args.prompts is not None:
-            prompts, source = bench.load_prompts(args.prompts), args.prompts
-        else:
-            prompts, source = list(bench.BUILTIN_PROMPTS), "built-in"
+        gammas = bench.parse_gammas(args.gammas, "--gammas")
+        verify = bench.parse_verify(args.verify, "--verify")
     except ValueError as err:
         raise CliError(str(err)) from None
+    if args.prompts is not None:
+        prompts, source = load_bench_prompts(args.prompts), args.prompts
+    else:
+        prompts, source = list(bench.BUILTIN_PROMPTS), "built-in"
     drafts = list(dict.fromkeys(d.strip() for d in args.draft))
     if not all(drafts):
         raise CliError("--draft: empty draft name")
@@ -190,15 +199,16 @@ def parse_batch_sizes(text: str) -> list[int]:
 
 
 def run_batch_bench(args, config) -> int:
-    from exactspec.bench import core as bench
     from exactspec.bench.batch import run_batch_benchmark
+    from exactspec.bench.report import write_json
+    from exactspec.bench.run import log_to_stderr
 
     sizes = parse_batch_sizes(args.batch_sizes)
     json_path = output_path("--json", args.json)
     result = run_batch_benchmark(config, sizes, log=(lambda _m: None) if args.quiet
-                                 else bench._stderr)
+                                 else log_to_stderr)
     if json_path:
-        bench.write_json(result, json_path)
+        write_json(result, json_path)
     print(f"exactspec bench --batch-sizes: target {config.target}, {config.max_new_tokens} new "
           f"tokens per row (EOS off), median of {config.repeats} runs after {config.warmup}")
     print_table(result["batch"], BATCH_COLUMNS)
@@ -208,18 +218,20 @@ def run_batch_bench(args, config) -> int:
 
 
 def run_bench(args) -> int:
-    from exactspec.bench import core as bench
+    from exactspec.bench.plot import plot_costmodel
+    from exactspec.bench.report import write_json
+    from exactspec.bench.run import log_to_stderr, run_benchmark
 
     config = config_from_args(args)
     if args.batch_sizes is not None:
         return run_batch_bench(args, config)
     json_path = output_path("--json", args.json)
     plot_path = output_path("--plot", args.plot)
-    result = bench.run_benchmark(config, log=None if args.quiet else bench._stderr)
+    result = run_benchmark(config, log=None if args.quiet else log_to_stderr)
     if json_path:
-        bench.write_json(result, json_path)
+        write_json(result, json_path)
     if plot_path:
-        bench.plot_costmodel(result, plot_path)
+        plot_costmodel(result, plot_path)
     print_result(result)
     if json_path or plot_path:
         written = " and ".join(p for p in (json_path, plot_path) if p)

@@ -46,6 +46,8 @@ def output_path(option: str, path: str | None) -> str | None:
     if path is None:
         return None
     folder = Path(path).expanduser().resolve().parent
+    if folder.exists() and not folder.is_dir():
+        raise CliError(f"{option}: {str(folder)!r} is not a folder")
     if not folder.is_dir():
         raise CliError(f"{option}: the folder {str(folder)!r} does not exist")
     if not os.access(folder, os.W_OK):

@@ -2,14 +2,23 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
 from exactspec.cli.common import CliError, print_json, print_table, read_prompts
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
-DEFAULT_DRAFT = "smollm2-135m-instruct@bfloat16"
-DEMO_PROMPT = "Explain in three sentences why the sky is blue."
+DEFAULT_DRAFT = "auto"
+MAX_GAMMA = 32  # exactspec.engine.MAX_GAMMA, without importing torch for --help
+DEMO_PROMPTS = (  # (kind, prompt): one that copies its prompt, one that does not
+    ("grounded", "Rewrite this email so that the meeting is on Friday instead of Thursday. Keep "
+                 "everything else word for word.\n\nHi Sam,\n\nThe project review meeting is on "
+                 "Thursday at 10 am in room 204. Please bring the budget report and the updated "
+                 "timeline. If you cannot attend, send your notes to Maria before the meeting."
+                 "\n\nThanks,\nAlex"),
+    ("open", "Explain in three sentences why the sky is blue."),
+)
 
 
 def register(subparsers) -> None:
@@ -21,8 +30,10 @@ def register(subparsers) -> None:
                      help='a JSONL file of {"prompt": ...} lines, decoded as a batch')
     _add_decoding_args(gen)
     gen.add_argument("--draft", default=DEFAULT_DRAFT,
-                     help="draft model spec NAME[@DTYPE], 'ngram' (prompt lookup) or 'none' "
-                          f"(plain decoding) (default: {DEFAULT_DRAFT})")
+                     help="'auto' (prompt lookup when the text repeats, else the target's bfloat16 "
+                          "copy when it pays, else plain steps), 'auto:SPEC' (the same with model "
+                          "SPEC), a draft model spec NAME[@DTYPE], 'ngram' (prompt lookup) or "
+                          f"'none' (plain decoding) (default: {DEFAULT_DRAFT})")
     gen.add_argument("--draft-dtype", choices=("float32", "bfloat16", "float16"),
                      help="load the draft in this dtype (overrides @DTYPE in --draft)")
     gen.add_argument("--stream", action="store_true", help="print text as rounds finish")
@@ -30,11 +41,11 @@ def register(subparsers) -> None:
     gen.set_defaults(func=run_generate)
 
     demo = subparsers.add_parser("demo", help="speculative vs plain decoding on the bundled model",
-                                 description="Load the bundled SmolLM2-135M-Instruct as target and "
-                                             "its bfloat16 copy as draft; answer a prompt with "
-                                             "speculative and with plain decoding; compare.")
-    demo.add_argument("--prompt", default=DEMO_PROMPT, help="the prompt (default: %(default)r)")
-    demo.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default: 4)")
+                                 description="On the bundled SmolLM2-135M-Instruct, answer a "
+                                             "grounded prompt (an edit of a given text) and an "
+                                             "open one, each with plain decoding and with "
+                                             "--draft auto --gamma auto; compare.")
+    demo.add_argument("--gamma", default="auto", help="draft tokens per round, or 'auto' (default)")
     demo.add_argument("--max-new-tokens", type=int, default=96, help="default: 96")
     demo.add_argument("--temperature", type=float, default=0.0,
                       help="0 (default) is greedy: both texts must then be identical")
@@ -46,7 +57,9 @@ def register(subparsers) -> None:
 def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help=f"target model spec NAME_OR_PATH[@DTYPE] (default: {DEFAULT_TARGET})")
-    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default: 4)")
+    parser.add_argument("--gamma", default="auto",
+                        help="draft tokens per round, or 'auto': chosen each round from the "
+                             "measured costs and acceptance (default: auto)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="default: 128")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 is greedy (default: 0.8)")
     parser.add_argument("--top-k", type=int, default=None)
@@ -64,11 +77,14 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _load(spec: str, dtype: str | None = None):
+def _load(spec: str, dtype: str | None = None, option: str = "--target"):
     from exactspec.models import load_model
 
     start = time.perf_counter()
-    loaded = load_model(spec, dtype=dtype)
+    try:
+        loaded = load_model(spec, dtype=dtype)
+    except (ValueError, OSError) as err:  # one line naming the option (the clear-errors rule)
+        raise CliError(f"{option}: {err}") from None
     _log(f"loaded {loaded.spec} in {time.perf_counter() - start:.1f} s")
     return loaded
 
@@ -129,13 +145,7 @@ def run_generate(args) -> int:
     if args.stream and len(prompts) > 1:
         raise CliError(f"--stream works with one prompt, got {len(prompts)}")
     target = _load(args.target)
-    draft_spec = args.draft.strip()
-    if draft_spec.lower() == "none":
-        draft = None
-    elif draft_spec.lower() == "ngram":
-        draft = "ngram"
-    else:
-        draft = _load(draft_spec, args.draft_dtype)
+    draft = _draft(args.draft, target, args.draft_dtype)
     input_ids, mask = encode_batch(target, prompts, args.chat)
     stream = TextStream(target.tokenizer) if args.stream and not args.json else None
     out = _generate(target, draft, input_ids, args, on_tokens=stream, attention_mask=mask)
@@ -165,6 +175,22 @@ def run_generate(args) -> int:
     return 0
 
 
+def _draft(spec: str, target, dtype: str | None = None):
+    """None (plain decoding), "ngram", an `AutoDrafter`, or a loaded draft model, for --draft.
+    "auto" drafts with the target's own weights in bfloat16 when prompt lookup has nothing."""
+    from exactspec.drafters import make_drafter
+
+    spec = spec.strip()
+    if spec.lower() in ("none", "ngram"):
+        return None if spec.lower() == "none" else "ngram"
+    if spec.lower() == "auto" or spec.lower().startswith("auto:"):
+        model = _load(spec[len("auto:"):] or f"{target.name}@bfloat16", dtype, "--draft")
+        drafter = make_drafter("auto", default_model=model)
+        drafter.spec = f"auto:{model.spec}"  # for the tables and --json
+        return drafter
+    return _load(spec, dtype, "--draft")
+
+
 def _draft_name(draft) -> str:
     if draft is None or isinstance(draft, str):
         return draft or "none"
@@ -172,10 +198,11 @@ def _draft_name(draft) -> str:
 
 
 def _check_common(args) -> None:
-    if not 1 <= args.gamma <= 32:
-        raise CliError(f"--gamma must be in [1, 32], got {args.gamma}")
+    args.gamma = _parse_gamma(args.gamma)
     if args.max_new_tokens < 0:
         raise CliError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if not math.isfinite(args.temperature):
+        raise CliError(f"--temperature must be a finite number, got {args.temperature}")
     if args.temperature < 0:
         raise CliError(f"--temperature must be >= 0, got {args.temperature}")
     if getattr(args, "top_k", None) is not None and args.top_k < 1:
@@ -184,42 +211,81 @@ def _check_common(args) -> None:
         raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
 
 
+def _parse_gamma(text):
+    """'auto', or an integer γ in [1, MAX_GAMMA]."""
+    if str(text).strip().lower() == "auto":
+        return "auto"
+    try:
+        gamma = int(str(text).strip())
+    except ValueError:
+        raise CliError(f"--gamma must be 'auto' or an integer in [1, {MAX_GAMMA}], got {text}") from None
+    if not 1 <= gamma <= MAX_GAMMA:
+        raise CliError(f"--gamma must be in [1, {MAX_GAMMA}], got {text}")
+    return gamma
+
+
 def run_demo(args) -> int:
     from exactspec.models import BUNDLED_MODEL
 
     _check_common(args)
-    target, draft = _load(BUNDLED_MODEL), _load(DEFAULT_DRAFT)
-    input_ids = encode_batch(target, [args.prompt], None)[0]
-    _log("warming up both paths ...")
-    warm = argparse.Namespace(**{**vars(args), "max_new_tokens": 8})
-    _generate(target, draft, input_ids, warm)
-    _generate(target, None, input_ids, warm)
-    runs = {}
-    for name, draft_model in (("speculative", draft), ("autoregressive", None)):
-        _log(f"{name} decoding ...")
-        runs[name] = _generate(target, draft_model, input_ids, args)
-    texts = {name: target.tokenizer.decode(out.sequences[0, input_ids.size(1):],
-                                           skip_special_tokens=True) for name, out in runs.items()}
-    stats = {name: out.stats for name, out in runs.items()}
-    speedup = stats["speculative"].tokens_per_s / stats["autoregressive"].tokens_per_s
-    identical = runs["speculative"].sequences.tolist() == runs["autoregressive"].sequences.tolist()
+    target = _load(BUNDLED_MODEL)
+    draft = _draft("auto", target)
+    results = [_demo_prompt(target, draft, kind, prompt, args) for kind, prompt in DEMO_PROMPTS]
     if args.json:
-        print_json({"prompt": args.prompt, "target": target.spec, "draft": draft.spec,
-                    "gamma": args.gamma, "temperature": args.temperature, "texts": texts,
-                    "identical": identical, "speedup": speedup,
-                    "stats": {name: s.to_dict() for name, s in stats.items()}})
+        print_json({"target": target.spec, "draft": draft.spec, "gamma": args.gamma,
+                    "temperature": args.temperature, "prompts": results})
         return 0
-    print(f"prompt: {args.prompt}\n")
-    for name, text in texts.items():
-        print(f"--- {name} ({target.spec}" + (f" drafted by {draft.spec}, γ = {args.gamma})"
-                                                if name == "speculative" else ")"))
-        print(text.strip() + "\n")
-    print_table(_stats_rows(stats), STATS_COLUMNS)
-    print(f"\nspeedup (tokens/s, speculative / autoregressive): {speedup:.2f}x")
-    if speedup < 1:
-        print("drafting did not pay on this machine: the draft costs too much per token next to "
-              "the target (run `exactspec bench` for the measured cost model and the best γ, or "
-              "try `exactspec generate --draft ngram` on text that copies its prompt)")
-    if args.temperature == 0:
-        print("greedy outputs identical: " + ("yes" if identical else "NO"))
+    for result in results:
+        _print_demo(result, target.spec, draft.spec, args)
     return 0
+
+
+def _demo_prompt(target, draft, kind: str, prompt: str, args) -> dict:
+    """Plain decoding and speculative decoding of one prompt, after a warm-up of both; each
+    timed twice, the faster run kept (the machine may be busy)."""
+    input_ids = encode_batch(target, [prompt], None)[0]
+    _log(f"{kind} prompt: warming up both paths ...")
+    warm = argparse.Namespace(**{**vars(args), "max_new_tokens": 8})
+    runs = {}
+    for name, drafter in (("autoregressive", None), ("speculative", draft)):
+        _generate(target, drafter, input_ids, warm)
+        _log(f"{kind} prompt: {name} decoding ...")
+        runs[name] = min((_generate(target, drafter, input_ids, args) for _ in range(2)),
+                         key=lambda out: out.stats.wall_seconds)
+    speedup = runs["speculative"].stats.tokens_per_s / runs["autoregressive"].stats.tokens_per_s
+    return {"kind": kind, "prompt": prompt, "speedup": speedup,
+            "identical": runs["speculative"].sequences.tolist() == runs["autoregressive"].sequences.tolist(),
+            "texts": {name: target.tokenizer.decode(out.sequences[0, input_ids.size(1):],
+                                                    skip_special_tokens=True) for name, out in runs.items()},
+            "stats": {name: out.stats.to_dict() for name, out in runs.items()},
+            "rounds_by_source": runs["speculative"].rounds_by_source,
+            "why": _why(runs["speculative"], speedup)}
+
+
+def _why(out, speedup: float) -> str:
+    """One line on where the speculative run's rounds went, and so why it gained or not."""
+    by_source = out.rounds_by_source
+    rounds = ", ".join(f"{name} {n}" for name, n in sorted(by_source.items(), key=lambda kv: -kv[1]))
+    stats = out.stats
+    if speedup >= 1.03:
+        kept = f", {stats.acceptance_rate:.0%} of drafts kept" if stats.acceptance_rate is not None else ""
+        return (f"gained: {stats.tokens_per_round:.2f} tokens per target pass{kept} "
+                f"(rounds: {rounds})")
+    verdict = "no gain, no loss to speak of" if speedup >= 0.97 else f"lost {1 - speedup:.0%}"
+    return (f"{verdict}: the text does not repeat its prompt, and the model draft costs about as "
+            "much per token as the target here, so the controller took plain steps and only "
+            f"probed drafting now and then (rounds: {rounds})")
+
+
+def _print_demo(result: dict, target: str, draft: str, args) -> None:
+    print(f"=== {result['kind']} prompt: {result['prompt']}\n")
+    for name, text in result["texts"].items():
+        via = f" drafted by {draft}, γ = {args.gamma}" if name == "speculative" else ""
+        print(f"--- {name} ({target}{via})")
+        print(text.strip() + "\n")
+    print_table([{"run": name, **stats} for name, stats in result["stats"].items()], STATS_COLUMNS)
+    print(f"\nspeedup (tokens/s, speculative / autoregressive): {result['speedup']:.2f}x")
+    print(f"why: {result['why']}")
+    if args.temperature == 0:
+        print("greedy outputs identical: " + ("yes" if result["identical"] else "NO"))
+    print()

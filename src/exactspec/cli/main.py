@@ -1,4 +1,4 @@
-"""The `exactspec` command: `generate | demo | bench | figures | lab`.
+"""The `exactspec` command: `generate | demo | bench | figures | lab | serve`.
 
 Each command lives in its own module with `register(subparsers)`; every command's handler
 receives the parsed arguments. Bad input (a `ValueError`, `OSError` or `CliError`) becomes a
@@ -13,7 +13,8 @@ import sys
 
 from exactspec.cli.common import CliError
 
-COMMAND_MODULES = ("exactspec.cli.generate", "exactspec.cli.lab", "exactspec.cli.bench")
+COMMAND_MODULES = ("exactspec.cli.generate", "exactspec.cli.lab", "exactspec.cli.bench",
+                   "exactspec.cli.serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

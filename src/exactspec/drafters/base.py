@@ -21,10 +21,13 @@ from exactspec.sampling import SamplingConfig
 @dataclass
 class Proposal:
     """tokens: LongTensor[B, γ'] with γ' ≤ γ; q: [B, γ', V] the distributions they were sampled
-    from, or None for a point-mass draft."""
+    from, or None for a point-mass draft. lengths (optional): how many of its γ' tokens each row
+    proposed itself, the rest padding to the longest row; per-row decoding verifies only those,
+    so a row's block does not depend on the other rows."""
 
     tokens: torch.Tensor
     q: torch.Tensor | None
+    lengths: list[int] | None = None
 
 
 @runtime_checkable
@@ -37,10 +40,14 @@ class Drafter(Protocol):
     - `bind(target, total_tokens) -> V`: check that it can serve this target for sequences of
       total_tokens (same vocabulary, enough context); return the vocabulary V that p and q share;
     - `start(input_ids[B, L], valid[B, L], vocab_size)`: once, with the left-padded prompts;
+    - `next_source() -> str`: before each round, which way it will draft ("model", "ngram",
+      "none", ...), decided from the past only; the γ controller keeps statistics per source;
     - `propose(gamma, sampling, generator) -> Proposal`: each round, up to γ tokens per row;
     - `commit(num_accepted[B], next_tokens[B])`: row b kept its first num_accepted[b] drafts,
       then emitted next_tokens[b] (a correction or the bonus);
     - `select(rows)`: keep only the rows still generating.
+    Optional, for continuous batching (`Decoder.join`): `join(input_ids[n, L], valid[n, L])` adds
+    rows at a round boundary whose last prompt token is their last committed token.
     """
 
     name: str
@@ -51,6 +58,8 @@ class Drafter(Protocol):
     def bind(self, target, total_tokens: int) -> int: ...
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None: ...
+
+    def next_source(self) -> str: ...
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal: ...
@@ -72,6 +81,9 @@ class NoDraft:
     def start(self, input_ids, valid, vocab_size):
         self.batch = input_ids.size(0)
 
+    def next_source(self) -> str:
+        return "none"
+
     def propose(self, gamma, sampling, generator) -> Proposal:
         return Proposal(torch.empty(self.batch, 0, dtype=torch.long), None)
 
@@ -80,3 +92,6 @@ class NoDraft:
 
     def select(self, rows):
         self.batch = rows.numel()
+
+    def join(self, input_ids, valid):
+        self.batch += input_ids.size(0)

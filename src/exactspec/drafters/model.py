@@ -17,6 +17,8 @@ class ModelDrafter:
     row's committed tokens except the `pending` ones: the last committed token, and after a round
     that kept every draft also the last draft (it was sampled but never fed). A round feeds the
     pending tokens (rows with fewer get a padding hole), then one token per further draft.
+    The cache catches up lazily: the prompt, and the tokens of rounds this drafter sat out
+    (`observe`), stay pending until it next proposes.
     """
 
     def __init__(self, model):
@@ -43,9 +45,10 @@ class ModelDrafter:
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         self.lm = CachedModel(self.model, self.name, vocab_size, input_ids.size(0))
-        self.next_logits = self.lm.prefill(input_ids, valid)  # [B, V], used while nothing is pending
-        self.pending = input_ids[:, :0]  # [B, 0]
-        self.pending_valid = valid[:, :0]  # [B, 0]
+        self.pending, self.pending_valid = input_ids, valid  # [B, L], fed at the first proposal
+
+    def next_source(self) -> str:
+        return "model"
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
@@ -53,27 +56,21 @@ class ModelDrafter:
         if gamma == 0:  # the budget's last token: nothing to draft, nothing to feed
             self.drafts = self.pending.new_empty(batch, 0)
             return Proposal(self.drafts, None)
-        if self.pending.size(1):
-            logits = self.lm.feed(self.pending, self.pending_valid)[:, -1]  # [B, V]
-        else:
-            logits = self.next_logits  # [B, V], straight after the prefill
-        tokens, qs = [], []
+        logits = self.lm.prefill(self.pending, self.pending_valid)  # [B, V], after the pending tokens
+        drafts, qs = self.pending.new_empty(batch, gamma), []  # [B, γ], filled as they are drawn
         for i in range(gamma):
-            q_i = sampling.probs(logits)  # [B, V]
-            x_i = sample(q_i, generator)  # [B]
-            tokens.append(x_i)
+            q_i = sampling.probs(logits, drafts=drafts[:, :i])  # [B, V], after the drafts so far
+            drafts[:, i] = sample(q_i, generator)  # [B]
             qs.append(q_i)
             if i + 1 < gamma:  # the last draft is fed next round, if it is kept
-                logits = self.lm.feed(x_i.unsqueeze(1))[:, -1]  # [B, V]
-        self.drafts = torch.stack(tokens, dim=1)  # [B, γ]
+                logits = self.lm.feed(drafts[:, i: i + 1])[:, -1]  # [B, V]
+        self.drafts = drafts  # [B, γ]
         return Proposal(self.drafts, torch.stack(qs, dim=1))  # [B, γ], [B, γ, V]
 
     def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         gamma = self.drafts.size(1)
         if gamma == 0:  # nothing was fed this round: the next token joins the pending ones
-            self.pending = torch.cat([self.pending, next_tokens.unsqueeze(1)], dim=1)
-            self.pending_valid = torch.cat([self.pending_valid, torch.ones_like(next_tokens.unsqueeze(1),
-                                                                                dtype=torch.bool)], dim=1)
+            self.observe(self.drafts, num_accepted, next_tokens)
             return
         # Fed drafts x_1..x_{γ-1}; those after the kept ones become holes.
         self.lm.discard_last((gamma - 1 - num_accepted).clamp(min=0))
@@ -84,6 +81,38 @@ class ModelDrafter:
         if not all_kept.any():
             self.pending, self.pending_valid = self.pending[:, 1:], self.pending_valid[:, 1:]
 
+    def observe(self, drafts: torch.Tensor, num_accepted: torch.Tensor,
+                next_tokens: torch.Tensor) -> None:
+        """A round this drafter did not feed: its committed tokens (each row's first
+        num_accepted[b] of drafts[B, γ'], then next_tokens[b]) join the pending ones."""
+        kept = torch.arange(drafts.size(1), device=drafts.device) < num_accepted.unsqueeze(1)  # [B, γ']
+        tokens = torch.cat([self.pending, drafts, next_tokens.unsqueeze(1)], dim=1)  # [B, n]
+        valid = torch.cat([self.pending_valid, kept, torch.ones_like(next_tokens.unsqueeze(1), dtype=torch.bool)],
+                          dim=1)  # [B, n]
+        used = valid.any(dim=0)  # [n], drop the columns that are holes in every row
+        self.pending, self.pending_valid = tokens[:, used], valid[:, used]
+
     def select(self, rows: torch.Tensor) -> None:
         self.lm.select(rows)
         self.pending, self.pending_valid = self.pending[rows], self.pending_valid[rows]
+
+    def join(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
+        """New rows (left-padded prompts [n, L]) join at a round boundary: their prompts minus the
+        last token are prefilled on their own and merged into the cache; the last prompt token is
+        pending, like the last committed token of the running rows."""
+        other = CachedModel(self.model, self.name, self.lm.vocab_size, input_ids.size(0))
+        if input_ids.size(1) > 1:
+            other.prefill(input_ids[:, :-1], valid[:, :-1])
+        self.lm.merge(other)
+        width = max(self.pending.size(1), 1)
+        pending = [_left_pad_holes(self.pending, self.pending_valid, width),
+                   _left_pad_holes(input_ids[:, -1:], valid[:, -1:], width)]
+        self.pending = torch.cat([pending[0][0], pending[1][0]])  # [B+n, width]
+        self.pending_valid = torch.cat([pending[0][1], pending[1][1]])  # [B+n, width]
+
+
+def _left_pad_holes(tokens: torch.Tensor, valid: torch.Tensor, width: int):
+    """tokens [B, k] and valid [B, k] left-padded to `width` columns with holes (id 0, invalid)."""
+    pad = width - tokens.size(1)
+    return (torch.cat([tokens.new_zeros(tokens.size(0), pad), tokens], dim=1),
+            torch.cat([valid.new_zeros(valid.size(0), pad), valid], dim=1))

@@ -8,48 +8,89 @@ from exactspec.models import usable_vocab
 from exactspec.sampling import SamplingConfig
 
 
+class SuffixIndex:
+    """Where each n-gram (n = 1..max_n) of one row's tokens ends, updated as tokens arrive:
+    appending a token costs max_n dictionary inserts, whatever the length of the context."""
+
+    def __init__(self, tokens: list[int], max_n: int):
+        self.tokens, self.max_n, self.ends = [], max_n, {}
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        for token in tokens:
+            self.tokens.append(token)
+            end = len(self.tokens) - 1
+            for n in range(1, min(self.max_n, end + 1) + 1):
+                self.ends.setdefault(tuple(self.tokens[end - n + 1:]), []).append(end)
+
+    def lookup(self, min_n: int, rule: str) -> tuple[int, int | None]:
+        """(n, end) of the longest earlier match of the last n tokens (n ≥ min_n), the earliest or
+        the latest occurrence by `rule`; (0, None) when nothing matches."""
+        last = len(self.tokens) - 1
+        for n in range(min(self.max_n, last), min_n - 1, -1):
+            ends = self.ends.get(tuple(self.tokens[last - n + 1:]), [])
+            if len(ends) > 1:  # the last entry is the suffix itself
+                return n, ends[0] if rule == "earliest" else ends[-2]
+        return 0, None
+
+
 class NGramDrafter:
-    """Prompt lookup: propose the tokens that followed the most recent earlier occurrence of the
-    sequence's last n tokens (n from max_ngram down to min_ngram). Zero model cost; a point-mass
-    draft (q = None), exact by the point-mass rule. A row with fewer than γ tokens to propose is
-    padded by repeating its last proposal (or last token): any deterministic proposal is exact."""
+    """Prompt lookup: propose the tokens that followed an earlier occurrence of the longest
+    suffix of the row's context (prompt + generated tokens) that occurred before, up to max_ngram
+    tokens long (`SuffixIndex`). rule "earliest" (the default, which measured best) takes the
+    first occurrence, "latest" the most recent. Zero model cost; a point-mass draft (q = None),
+    exact by the point-mass rule. A row with fewer than γ tokens to propose is padded by
+    repeating its last proposal (or last token): any deterministic proposal is exact."""
 
     name = "ngram"
     calls = tokens_fed = padding_fed = 0
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 16, min_ngram: int = 1, rule: str = "earliest"):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        if rule not in ("earliest", "latest"):
+            raise ValueError(f"rule must be 'earliest' or 'latest', got {rule!r}")
+        self.max_ngram, self.min_ngram, self.rule = max_ngram, min_ngram, rule
 
     def bind(self, target, total_tokens: int) -> int:
         return usable_vocab(target)  # it proposes tokens of the sequence itself
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
-        self.rows = [ids[ok] for ids, ok in zip(input_ids, valid)]  # B × [L_b]
+        self.rows = [SuffixIndex(ids[ok].tolist(), self.max_ngram) for ids, ok in zip(input_ids, valid)]
 
-    def lookup(self, seq: torch.Tensor, gamma: int) -> torch.Tensor:
-        """The continuation of the most recent earlier match of the longest suffix found. [γ']"""
-        for n in range(min(self.max_ngram, seq.numel() - 1), self.min_ngram - 1, -1):
-            windows = seq[:-1].unfold(0, n, 1)  # [L-n, n], every earlier n-gram
-            hits = (windows == seq[-n:]).all(dim=1).nonzero().flatten()  # start positions
-            if hits.numel():
-                start = hits[-1].item() + n
-                return seq[start: start + gamma]
-        return seq[:0]
+    def next_source(self) -> str:
+        return "ngram"
+
+    def match_length(self) -> int:
+        """The longest match any row has now: how much the context supports a lookup."""
+        return max(row.lookup(self.min_ngram, self.rule)[0] for row in self.rows)
+
+    def lookup(self, row: SuffixIndex, gamma: int) -> list[int]:
+        """Up to γ tokens that followed the chosen earlier match of the row's longest suffix."""
+        n, end = row.lookup(self.min_ngram, self.rule)
+        return [] if end is None else row.tokens[end + 1: end + 1 + gamma]
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        found = [self.lookup(seq, gamma) for seq in self.rows]
+        found = [self.lookup(row, gamma) for row in self.rows]
         width = max(len(f) for f in found)
-        padded = [torch.cat([f, (f if len(f) else seq)[-1:].expand(width - len(f))])
-                  for f, seq in zip(found, self.rows)]
-        self.drafts = torch.stack(padded)  # [B, γ']
-        return Proposal(self.drafts, None)
+        padded = [f + [(f or row.tokens)[-1]] * (width - len(f)) for f, row in zip(found, self.rows)]
+        self.drafts = torch.tensor(padded, dtype=torch.long).view(len(padded), width)  # [B, γ']
+        return Proposal(self.drafts, None, [len(f) for f in found])
 
     def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        self.rows = [torch.cat([seq, drafts[:n], nxt.view(1)]) for seq, drafts, n, nxt in
-                     zip(self.rows, self.drafts, num_accepted.tolist(), next_tokens)]
+        self.observe(self.drafts, num_accepted, next_tokens)
+
+    def observe(self, drafts: torch.Tensor, num_accepted: torch.Tensor,
+                next_tokens: torch.Tensor) -> None:
+        """Append what each row committed: its first num_accepted[b] drafts, then next_tokens[b]."""
+        for row, kept, n, nxt in zip(self.rows, drafts.tolist(), num_accepted.tolist(),
+                                     next_tokens.tolist()):
+            row.extend(kept[:n] + [nxt])
 
     def select(self, rows: torch.Tensor) -> None:
         self.rows = [self.rows[i] for i in rows.tolist()]
+
+    def join(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
+        """New rows (left-padded prompts [n, L]) join at a round boundary."""
+        self.rows += [SuffixIndex(ids[ok].tolist(), self.max_ngram) for ids, ok in zip(input_ids, valid)]

@@ -157,6 +157,18 @@ def _gguf_cache_key(path: Path) -> str:
     return f"gguf-{slug}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}-{_CACHE_FORMAT}"
 
 
+@contextlib.contextmanager
+def _gguf_errors(gguf_path: Path):
+    """A damaged or foreign file can make the GGUF reader raise almost anything (struct.error,
+    KeyError, ValueError, ...): turn it into one ValueError naming the file (the clear-errors
+    rule), the reader's own exception chained."""
+    try:
+        yield
+    except Exception as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ValueError(f"cannot read the GGUF file {str(gguf_path)!r}: {reason}") from err
+
+
 def _convert_gguf(gguf_path: Path, dest: Path) -> None:
     """Dequantize a GGUF file into a float32 Hugging Face folder at `dest` (model + tokenizer).
 
@@ -169,9 +181,10 @@ def _convert_gguf(gguf_path: Path, dest: Path) -> None:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     folder, file = str(gguf_path.parent), gguf_path.name
-    config = AutoConfig.from_pretrained(folder, gguf_file=file, local_files_only=True)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
+    with _gguf_errors(gguf_path):
+        config = AutoConfig.from_pretrained(folder, gguf_file=file, local_files_only=True)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     tied = set()
     output = model.get_output_embeddings()
@@ -182,7 +195,8 @@ def _convert_gguf(gguf_path: Path, dest: Path) -> None:
                          f"{config.model_type!r}: missing weights {sorted(set(missing) - tied)[:5]}, "
                          f"unexpected weights {sorted(unexpected)[:5]}")
     model.tie_weights()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
+    with _gguf_errors(gguf_path):
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
     with _quiet_progress():
         model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)

@@ -1,0 +1,202 @@
+"""What a benchmark runs: its settings, the built-in prompts, and the configurations they expand to.
+
+A **configuration** is one (method, draft, γ, verify, temperature). The **methods** are the
+decoding methods compared:
+
+- ``autoregressive``: exactspec's plain decoding of the target;
+- ``speculative``: exactspec's speculative decoding, for each draft, γ and verification rule;
+- ``hf_generate``: the target's own ``model.generate()``;
+- ``hf_assisted``: ``model.generate(assistant_model=draft)`` for a model draft (γ fixed with the
+  "constant" schedule, plus one row with Transformers' default settings, γ = "default"), and
+  ``model.generate(prompt_lookup_num_tokens=γ)`` for the n-gram draft.
+
+``verify`` is the verification rule of a speculative configuration: "block" or "token".
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from exactspec.engine import MAX_GAMMA
+from exactspec.models import BUNDLED_MODEL
+
+METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted")
+VERIFY_ORDER = ("block", "token")  # the verification rules, in the order rows list them
+NGRAM = "ngram"
+DEFAULT_TARGET = BUNDLED_MODEL
+DEFAULT_DRAFTS = (f"{BUNDLED_MODEL}@bfloat16", NGRAM)
+DEFAULT_GAMMAS = (4,)
+DEFAULT_TEMPERATURES = (0.0, 0.8)
+DEFAULT_MAX_NEW_TOKENS = 32
+DEFAULT_REPEATS = 3
+DEFAULT_WARMUP = 1
+DEFAULT_SEED = 0
+CURVE_MIN_GAMMA = 8  # the predicted curves run over γ = 1..max(8, largest γ benchmarked)
+WARMUP_TOKENS = 16  # a warm-up generation is this long (or max_new_tokens, if shorter)
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One prompt: `kind` groups prompts into rows ("open", "grounded", or a file's own kinds)."""
+
+    name: str
+    kind: str
+    text: str
+
+
+_GROUNDED_PARAGRAPH = (
+    "The library opens at nine in the morning and closes at six in the evening. Visitors may "
+    "borrow up to five books at a time for three weeks. Laptops can be used in the reading room "
+    "on the second floor, and the quiet study area is on the third floor. Printing costs ten "
+    "cents per page, and the printers are next to the main desk."
+)
+_GROUNDED_EMAIL = (
+    "Hi Sam,\n\nThe project review meeting is on Thursday at 10 am in room 204. Please bring the "
+    "budget report and the updated timeline. If you cannot attend, send your notes to Maria "
+    "before the meeting.\n\nThanks,\nAlex"
+)
+
+BUILTIN_PROMPTS: tuple[BenchPrompt, ...] = (
+    BenchPrompt("story", "open",
+                "Write a short story about a lighthouse keeper who finds a message in a bottle."),
+    BenchPrompt("qa", "open", "Explain in a few sentences how vaccines help the immune system."),
+    BenchPrompt("copy-edit", "grounded",
+                "Copy the following text exactly, but replace the word 'library' with "
+                f"'museum'.\n\n{_GROUNDED_PARAGRAPH}"),
+    BenchPrompt("email-edit", "grounded",
+                "Rewrite this email so that the meeting is on Friday instead of Thursday. Keep "
+                f"everything else word for word.\n\n{_GROUNDED_EMAIL}"),
+)
+
+
+# --------------------------------------------------------------------------- lists as text
+
+
+def parse_gammas(text: str, name: str = "gammas") -> list[int]:
+    """"1,2,4,8" → [1, 2, 4, 8] (sorted, without duplicates); a ValueError naming `name` (the
+    parameter, or the option that carried the text)."""
+    items = [item.strip() for item in str(text).split(",")]
+    if not all(items):
+        raise ValueError(f"{name} must be a comma-separated list of integers in "
+                         f"[1, {MAX_GAMMA}], e.g. 1,2,4,8; got {text!r}")
+    gammas = []
+    for item in items:
+        try:
+            gamma = int(item)
+        except ValueError:
+            gamma = None
+        if gamma is None or not 1 <= gamma <= MAX_GAMMA:
+            raise ValueError(f"{name}: each γ must be an integer in [1, {MAX_GAMMA}], "
+                             f"got {item!r} in {text!r}")
+        gammas.append(gamma)
+    return sorted(set(gammas))
+
+
+def parse_verify(text: str, name: str = "verify") -> list[str]:
+    """"token,block" → ["block", "token"] in table order; a ValueError naming `name`."""
+    items = {item.strip() for item in str(text).split(",")}
+    if not items or not items <= set(VERIFY_ORDER):
+        raise ValueError(f"{name} must be a comma-separated subset of "
+                         f"{','.join(VERIFY_ORDER)}, got {text!r}")
+    return [rule for rule in VERIFY_ORDER if rule in items]
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass
+class BenchConfig:
+    """What to run. Checked by `check()`; every list is non-empty."""
+
+    target: str = DEFAULT_TARGET
+    drafts: list[str] = field(default_factory=lambda: list(DEFAULT_DRAFTS))
+    gammas: list[int] = field(default_factory=lambda: list(DEFAULT_GAMMAS))
+    temperatures: list[float] = field(default_factory=lambda: list(DEFAULT_TEMPERATURES))
+    verify: list[str] = field(default_factory=lambda: list(VERIFY_ORDER))
+    prompts: list[BenchPrompt] = field(default_factory=lambda: list(BUILTIN_PROMPTS))
+    prompts_source: str = "built-in"
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    repeats: int = DEFAULT_REPEATS
+    warmup: int = DEFAULT_WARMUP
+    peers: bool = True
+    seed: int = DEFAULT_SEED
+    top_k: int | None = None
+    top_p: float | None = None
+    device: str | None = None
+    threads: int | None = None
+
+    def check(self) -> "BenchConfig":
+        """Raise a ValueError naming the first bad field and its value; return self."""
+        if not self.drafts:
+            raise ValueError("drafts needs at least one draft (a model spec or 'ngram')")
+        if not self.gammas or any(not 1 <= g <= MAX_GAMMA for g in self.gammas):
+            raise ValueError(f"gammas must be integers in [1, {MAX_GAMMA}], got {self.gammas}")
+        if not self.temperatures or any(not (math.isfinite(t) and t >= 0)
+                                        for t in self.temperatures):
+            raise ValueError(f"temperatures must be finite numbers >= 0, "
+                             f"got {self.temperatures}")
+        if not self.verify or not set(self.verify) <= set(VERIFY_ORDER):
+            raise ValueError(f"verify must be a subset of {VERIFY_ORDER}, got {self.verify}")
+        if not self.prompts:
+            raise ValueError("prompts is empty")
+        for name, value, low in (("max_new_tokens", self.max_new_tokens, 1),
+                                 ("repeats", self.repeats, 1), ("warmup", self.warmup, 0),
+                                 ("seed", self.seed, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        return self
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["prompts"] = [asdict(p) for p in self.prompts]
+        return out
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One configuration. gamma: an int, "default" (Transformers' own assistant settings) or
+    None (no draft)."""
+
+    method: str
+    temperature: float
+    draft: str | None = None
+    gamma: int | str | None = None
+    verify: str | None = None
+
+    @property
+    def label(self) -> str:
+        parts = [self.method]
+        if self.draft:
+            parts.append(self.draft)
+        if self.gamma is not None:
+            parts.append(f"γ={self.gamma}")
+        if self.verify:
+            parts.append(self.verify)
+        parts.append(f"T={self.temperature:g}")
+        return " ".join(parts)
+
+
+def plan(config: BenchConfig) -> list[RunSpec]:
+    """Every configuration, in table order."""
+    specs = []
+    for temperature in config.temperatures:
+        specs.append(RunSpec("autoregressive", temperature))
+        if config.peers:
+            specs.append(RunSpec("hf_generate", temperature))
+        for draft in config.drafts:
+            for gamma in config.gammas:
+                for verify in config.verify:
+                    specs.append(RunSpec("speculative", temperature, draft, gamma, verify))
+            if config.peers:
+                for gamma in config.gammas:
+                    specs.append(RunSpec("hf_assisted", temperature, draft, gamma))
+                if draft != NGRAM:
+                    specs.append(RunSpec("hf_assisted", temperature, draft, "default"))
+    return specs

@@ -1,0 +1,219 @@
+"""From runs to a report: one row per configuration and prompt kind, speedups, the measured cost
+model, the machine it ran on, and the JSON file.
+
+A row is one configuration on one prompt kind: per pass, tokens and seconds are summed over the
+kind's prompts; ``tokens_per_s`` is the median over passes (min and max are kept, to show the
+noise). The counters come from the first pass: every pass uses the same seeds, so they repeat.
+
+The measured cost model (`build_costmodel`): α from the runs, the target's cost for one token and
+for a block of γ+1 tokens and the draft's cost per token from direct timings of the models'
+forward pass on a KV cache (`exactspec.bench.timing`), then `costmodel.speedup_measured` per γ
+beside the measured speedup, and the γ it recommends.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from pathlib import Path
+
+import torch
+
+from exactspec import costmodel
+from exactspec.bench.config import VERIFY_ORDER, BenchConfig, RunSpec
+from exactspec.bench.runners import RunResult
+from exactspec.files import atomic_write
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def alpha_estimate(accepted: int, corrections: int) -> float | None:
+    """α per verified position: accepted / (accepted + rejected), where each correction marks the
+    one rejection that ends its round (the maximum-likelihood α of the cost model's constant,
+    independent acceptance, whatever the proposal lengths)."""
+    return _ratio(accepted, accepted + corrections) if accepted + corrections else None
+
+
+def summarize(spec: RunSpec, kind: str, runs: list[list[RunResult]], config: BenchConfig,
+              peer_settings: dict | None = None) -> dict:
+    """One row from runs[pass][prompt] of one configuration on one prompt kind."""
+    tokens = [sum(len(r.tokens) for r in pass_) for pass_ in runs]
+    walls = [sum(r.wall_seconds for r in pass_) for pass_ in runs]
+    rates = [t / w for t, w in zip(tokens, walls) if w > 0]
+    tps = _median(rates)
+    row = {
+        "method": spec.method, "draft": spec.draft, "gamma": spec.gamma, "verify": spec.verify,
+        "temperature": spec.temperature, "prompts": kind, "n_prompts": len(runs[0]),
+        "output_tokens": tokens[0], "wall_seconds": _median(walls), "tokens_per_s": tps,
+        "tokens_per_s_min": min(rates) if rates else None,
+        "tokens_per_s_max": max(rates) if rates else None,
+        "ms_per_token": 1e3 / tps if tps else None,
+        "time_to_first_token": _median([r.time_to_first_token for p in runs for r in p]),
+    }
+    counters = ("accepted_drafts", "drafted_tokens", "corrections", "bonus_tokens", "rounds",
+                "target_calls", "draft_calls")
+    first = runs[0]  # the same seeds every pass: the counters repeat exactly
+    if all(r.stats is not None for r in first):
+        for name in counters:
+            row[name] = sum(getattr(r.stats, name) for r in first)
+        row["acceptance_rate"] = _ratio(row["accepted_drafts"], row["drafted_tokens"])
+        row["alpha"] = alpha_estimate(row["accepted_drafts"], row["corrections"])
+        row["tokens_per_round"] = _ratio(row["output_tokens"], row["rounds"])
+        row["ms_per_round"] = _ratio(1e3 * row["wall_seconds"], row["rounds"])
+    else:
+        for name in (*counters, "acceptance_rate", "alpha", "tokens_per_round", "ms_per_round"):
+            row[name] = None
+    row["speedup_vs_autoregressive"] = None
+    row["speedup_vs_hf_generate"] = None
+    row["matches_autoregressive"] = None
+    row["peer_settings"] = peer_settings
+    return row
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """speedup_vs_autoregressive and speedup_vs_hf_generate: tokens/s over that row's, for the
+    same temperature and prompt kind."""
+    base = {(r["method"], r["temperature"], r["prompts"]): r["tokens_per_s"] for r in rows
+            if r["method"] in ("autoregressive", "hf_generate")}
+    for r in rows:
+        key = (r["temperature"], r["prompts"])
+        r["speedup_vs_autoregressive"] = _ratio(r["tokens_per_s"], base.get(("autoregressive", *key)))
+        r["speedup_vs_hf_generate"] = _ratio(r["tokens_per_s"], base.get(("hf_generate", *key)))
+
+
+# --------------------------------------------------------------------------- cost model
+
+
+def _target_seconds(timings: dict) -> dict[int, float]:
+    return {item["tokens"]: item["seconds"] for item in timings["target"]}
+
+
+def build_costmodel(rows: list[dict], timings: dict, curve_max_gamma: int) -> dict:
+    """The reference's speedup-against-γ figure, from measurements. For each (temperature,
+    prompt kind, draft): α from the speculative rows (token verification where present, pooled
+    over γ: the cost model's E[N] is the token rule's), c = t_draft / t_target(1), and for
+    γ = 1..curve_max_gamma the predicted speedup
+    `costmodel.speedup_measured(α, γ, t_target(1), t_target(γ+1), t_draft)` beside the measured
+    speedups (token and block verification) where γ was benchmarked."""
+    t_target = _target_seconds(timings)
+    t_1 = t_target[1]
+    curves = []
+    groups = {}
+    for r in rows:
+        if r["method"] == "speculative":
+            groups.setdefault((r["temperature"], r["prompts"], r["draft"]), []).append(r)
+    for (temperature, kind, draft), group in groups.items():
+        source = "token" if any(r["verify"] == "token" for r in group) else "block"
+        used = [r for r in group if r["verify"] == source]
+        accepted = sum(r["accepted_drafts"] for r in used)
+        corrections = sum(r["corrections"] for r in used)
+        alpha = alpha_estimate(accepted, corrections)
+        t_draft = timings["drafts"][draft]["seconds_per_token"]
+        measured = {(r["gamma"], r["verify"]): r for r in group}
+        points = []
+        for gamma in range(1, curve_max_gamma + 1):
+            if gamma + 1 not in t_target:
+                break
+            point = {"gamma": gamma, "expected_tokens": None, "predicted_speedup": None,
+                     "predicted_ms_per_round": 1e3 * (gamma * t_draft + t_target[gamma + 1])}
+            if alpha is not None:
+                point["expected_tokens"] = costmodel.expected_tokens(alpha, gamma)
+                point["predicted_speedup"] = costmodel.speedup_measured(
+                    alpha, gamma, t_1, t_target[gamma + 1], t_draft)
+            for verify in VERIFY_ORDER:
+                r = measured.get((gamma, verify))
+                point[f"measured_speedup_{verify}"] = r["speedup_vs_autoregressive"] if r else None
+                point[f"measured_tokens_per_round_{verify}"] = r["tokens_per_round"] if r else None
+                point[f"measured_ms_per_round_{verify}"] = r["ms_per_round"] if r else None
+                point[f"measured_over_predicted_{verify}"] = _ratio(
+                    point[f"measured_speedup_{verify}"], point["predicted_speedup"])
+            points.append(point)
+        scored = [p for p in points if p["predicted_speedup"] is not None]
+        best = max(scored, key=lambda p: (p["predicted_speedup"], -p["gamma"])) if scored else None
+        curves.append({
+            "temperature": temperature, "prompts": kind, "draft": draft, "alpha": alpha,
+            "alpha_from": source, "verified_positions": accepted + corrections,
+            "t_target_1": t_1, "t_draft": t_draft, "c": t_draft / t_1,
+            "best_gamma": best["gamma"] if best else None,
+            "best_predicted_speedup": best["predicted_speedup"] if best else None,
+            "points": points,
+        })
+    return {"timings": timings, "curves": curves}
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(device: torch.device) -> dict:
+    import transformers
+
+    info = {
+        "cpu_model": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "cpu_cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model(),
+        "load_average_start": load_average(),
+        "exactspec_git": _git_state(),
+    }
+    return info
+
+
+def _git_state() -> str | None:
+    """The source tree's commit (with "+dirty" for uncommitted changes in the package), when it
+    is a git checkout: a benchmark is only comparable with runs of the same engine."""
+    import subprocess
+
+    package = Path(__file__).resolve().parents[1]  # src/exactspec
+    try:
+        commit = subprocess.run(["git", "-C", str(package), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=5)
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(package), "status", "--porcelain", "--", "."],
+                               capture_output=True, text=True, timeout=5)
+        return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
+# --------------------------------------------------------------------------- output
+
+
+def write_json(result: dict, path: str | os.PathLike) -> None:
+    """Write the result as JSON, atomically (a temporary file renamed into place)."""
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(result, indent=2) + "\n"))

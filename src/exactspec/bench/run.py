@@ -1,0 +1,136 @@
+"""The benchmark: exactspec's plain and speculative decoding side by side with Transformers' own
+generation, on the same models, prompts, sampling settings and seeds.
+
+How it measures (warm up every path, synchronize the accelerator around each timed call, count
+accepted drafts separately from output tokens):
+
+- the warm-up pass runs every configuration ``warmup`` times, untimed; then ``repeats`` timed
+  passes each run every configuration on every prompt. Configurations are interleaved inside a
+  pass, so noise from other work on the machine spreads over all of them alike;
+- prompt i is always run with seed ``seed + i``: all runs of a configuration use the same seeds;
+- one generation is measured as `exactspec.bench.runners` says; rows and the measured cost model
+  are made as `exactspec.bench.report` says.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Callable
+
+import torch
+
+from exactspec.bench.config import (CURVE_MIN_GAMMA, NGRAM, WARMUP_TOKENS, BenchConfig, RunSpec,
+                                    plan)
+from exactspec.bench.report import (add_speedups, build_costmodel, load_average, machine_info,
+                                    summarize)
+from exactspec.bench.runners import Runner, RunResult
+from exactspec.bench.timing import context_from_prompts, measure_timings
+from exactspec.models import encode_prompt
+
+
+def log_to_stderr(message: str) -> None:
+    """Progress lines go to stderr (the tables go to stdout)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def _silent(_message: str) -> None:
+    pass
+
+
+def load_models(config: BenchConfig, models: dict | None = None,
+                log: Callable[[str], None] = _silent) -> tuple[object, dict]:
+    """Check `config`, set its torch threads, and return (target, drafts): LoadedModels, with each
+    draft spec mapped to its LoadedModel, or to "ngram", and checked against the target's
+    vocabulary. models: LoadedModels by spec, used instead of loading; a spec named twice is
+    loaded once."""
+    from exactspec.models import check_compatible, load_model
+
+    config.check()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    loaded: dict = dict(models or {})
+
+    def get(spec: str):
+        if spec not in loaded:
+            t0 = time.perf_counter()
+            loaded[spec] = load_model(spec, device=config.device)
+            log(f"loaded {spec} in {time.perf_counter() - t0:.1f} s")
+        return loaded[spec]
+
+    target = get(config.target)
+    drafts = {}
+    for spec in config.drafts:
+        if spec == NGRAM:
+            drafts[spec] = NGRAM
+        else:
+            drafts[spec] = get(spec)
+            check_compatible(target, drafts[spec])
+    return target, drafts
+
+
+def run_benchmark(config: BenchConfig, *, models: dict | None = None,
+                  timings: dict | None = None, log: Callable[[str], None] | None = log_to_stderr
+                  ) -> dict:
+    """Run the benchmark and return {config, machine, rows, costmodel, elapsed_seconds}.
+
+    models: LoadedModels by spec, used instead of loading (tests); timings: the cost model's
+    inputs, used instead of timing the models (tests). log: progress lines (None: silent).
+    """
+    log = log or _silent
+    started = time.perf_counter()
+    target, drafts = load_models(config, models, log)
+    runner = Runner(target, drafts, config)
+    machine = machine_info(runner.device)
+    prompt_ids = [encode_prompt(target, p.text) for p in config.prompts]
+    kinds = list(dict.fromkeys(p.kind for p in config.prompts))
+    specs = plan(config)
+
+    # warm-up: every configuration, untimed, on the first prompt
+    warm_tokens = min(config.max_new_tokens, WARMUP_TOKENS)
+    for i in range(config.warmup):
+        log(f"warm-up {i + 1}/{config.warmup}: {len(specs)} configurations, "
+            f"{warm_tokens} tokens each ...")
+        for spec in specs:
+            runner.run(spec, prompt_ids[0], config.seed, warm_tokens)
+
+    # timed passes, configurations interleaved: results[spec][pass][prompt]
+    results: dict[RunSpec, list[list[RunResult]]] = {spec: [] for spec in specs}
+    for rep in range(config.repeats):
+        pass_start = time.perf_counter()
+        for n, spec in enumerate(specs, start=1):
+            runs = [runner.run(spec, ids, config.seed + i, config.max_new_tokens)
+                    for i, ids in enumerate(prompt_ids)]
+            results[spec].append(runs)
+            tokens, wall = sum(len(r.tokens) for r in runs), sum(r.wall_seconds for r in runs)
+            log(f"[pass {rep + 1}/{config.repeats}, {n}/{len(specs)}] {spec.label}: "
+                f"{tokens / wall:.1f} tokens/s ({wall:.1f} s)")
+        log(f"pass {rep + 1}/{config.repeats} took {time.perf_counter() - pass_start:.0f} s")
+
+    rows = []
+    for spec in specs:
+        for kind in kinds:
+            index = [i for i, p in enumerate(config.prompts) if p.kind == kind]
+            runs = [[pass_[i] for i in index] for pass_ in results[spec]]
+            row = summarize(spec, kind, runs, config, runner.peer_settings(spec))
+            if spec.temperature == 0:
+                reference = results[RunSpec("autoregressive", spec.temperature)][0]
+                row["matches_autoregressive"] = all(
+                    pass_[i].tokens == reference[i].tokens for pass_ in results[spec] for i in index)
+            rows.append(row)
+    add_speedups(rows)
+
+    curve_max = max(CURVE_MIN_GAMMA, max(config.gammas))
+    if timings is None:
+        context = int(statistics.median(ids.size(1) for ids in prompt_ids)) \
+            + config.max_new_tokens // 2
+        context_ids = context_from_prompts(prompt_ids, context)
+        timings = measure_timings(target, drafts, context_ids, curve_max, log)
+    machine["load_average_end"] = load_average()
+    return {
+        "config": config.to_dict(),
+        "machine": machine,
+        "rows": rows,
+        "costmodel": build_costmodel(rows, timings, curve_max),
+        "elapsed_seconds": time.perf_counter() - started,
+    }

@@ -1,0 +1,197 @@
+"""One generation, measured: exactspec's decoding and Transformers' generation, run the same way.
+
+- every generation produces exactly ``max_new_tokens`` tokens: end-of-sequence is disabled for
+  all methods (exactspec ``eos_token_id=[]``, Transformers ``eos_token_id=[]``), so each method
+  does the same amount of work;
+- a run takes its seed from the caller; Transformers samples from the global generator, which is
+  forked and seeded around each call, so the caller's random state is left as it was;
+- wall time is read around the whole call (set-up included), after synchronizing the
+  accelerator; time to first token on the same clock, from the engine's ``on_tokens`` callback or
+  a Transformers streamer.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+
+from exactspec.bench.config import NGRAM, BenchConfig, RunSpec
+from exactspec.engine import autoregressive_generate, speculative_generate, synchronize
+
+
+@dataclass
+class RunResult:
+    """One timed generation."""
+
+    tokens: list[int]
+    wall_seconds: float
+    time_to_first_token: float | None
+    stats: object | None = None  # DecodeStats for exactspec methods
+
+
+class _FirstTokenStreamer:
+    """A Transformers streamer that only notes when the first new token arrives (the first
+    `put` carries the prompt)."""
+
+    def __init__(self, start: float, device: torch.device):
+        self.start, self.device, self.calls, self.first = start, device, 0, None
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2 and self.first is None:
+            synchronize(self.device)
+            self.first = time.perf_counter() - self.start
+
+    def end(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Transformers' own deprecation chatter (raised inside assisted generation) off."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+@contextlib.contextmanager
+def _seeded_global_rng(seed: int, device: torch.device):
+    """Transformers samples from the global generator: fork it (so the caller's state is left
+    as it was) and seed it for one call."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+class Runner:
+    """Runs one configuration on one prompt. `target` and `drafts` are LoadedModels (drafts maps
+    each draft spec to a LoadedModel, or to "ngram")."""
+
+    def __init__(self, target, drafts: dict, config: BenchConfig):
+        self.target, self.drafts, self.config = target, drafts, config
+        self.device = torch.device(getattr(target, "device", None)
+                                   or next(target.model.parameters()).device)
+        self.pad_token_id = self._pad_token_id()
+
+    def _pad_token_id(self) -> int:
+        tokenizer, gen = self.target.tokenizer, self.target.model.generation_config
+        for value in (getattr(gen, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None),
+                      getattr(tokenizer, "eos_token_id", None)):
+            if isinstance(value, int):
+                return value
+        return 0
+
+    def sampling(self, temperature: float) -> dict:
+        return dict(temperature=temperature, top_k=self.config.top_k, top_p=self.config.top_p)
+
+    def run(self, spec: RunSpec, input_ids: torch.Tensor, seed: int,
+            max_new_tokens: int) -> RunResult:
+        if spec.method in ("autoregressive", "speculative"):
+            return self._run_exactspec(spec, input_ids, seed, max_new_tokens)
+        return self._run_hf(spec, input_ids, seed, max_new_tokens)
+
+    def _run_exactspec(self, spec, input_ids, seed, max_new_tokens) -> RunResult:
+        first = []
+
+        def on_tokens(_row, _new):
+            if not first:
+                first.append(time.perf_counter() - start)  # the engine synchronized already
+
+        kwargs = dict(max_new_tokens=max_new_tokens, seed=seed, eos_token_id=[],
+                      on_tokens=on_tokens, **self.sampling(spec.temperature))
+        synchronize(self.device)
+        start = time.perf_counter()
+        if spec.method == "autoregressive":
+            out = autoregressive_generate(self.target, input_ids, **kwargs)
+        else:
+            out = speculative_generate(self.target, self.drafts[spec.draft], input_ids,
+                                       gamma=spec.gamma, verify=spec.verify, **kwargs)
+        synchronize(self.device)
+        wall = time.perf_counter() - start
+        tokens = out.sequences[0, input_ids.size(1):].tolist()
+        return RunResult(tokens, wall, first[0] if first else None, out.stats)
+
+    def generation_config(self, spec: RunSpec, max_new_tokens: int):
+        """The Transformers GenerationConfig of an hf_* configuration."""
+        from transformers import GenerationConfig
+
+        t = spec.temperature
+        sampling = dict(do_sample=False) if t == 0 else dict(
+            do_sample=True, temperature=t, top_k=self.config.top_k or 0,
+            top_p=self.config.top_p if self.config.top_p is not None else 1.0)
+        extra = {}
+        if spec.method == "hf_assisted" and spec.draft == NGRAM:
+            from exactspec.drafters import NGramDrafter
+
+            extra = dict(prompt_lookup_num_tokens=spec.gamma,
+                         max_matching_ngram_size=NGramDrafter().max_ngram)
+        return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=[],
+                                pad_token_id=self.pad_token_id, **sampling, **extra)
+
+    def peer_settings(self, spec: RunSpec) -> dict | None:
+        """What the hf_assisted configuration sets (recorded in its row)."""
+        if spec.method != "hf_assisted":
+            return None
+        if spec.draft == NGRAM:
+            from exactspec.drafters import NGramDrafter
+
+            return {"prompt_lookup_num_tokens": spec.gamma,
+                    "max_matching_ngram_size": NGramDrafter().max_ngram}
+        if spec.gamma == "default":
+            from transformers import GenerationConfig
+
+            defaults = GenerationConfig._get_default_generation_params()
+            own = self.drafts[spec.draft].model.generation_config
+            return {key: getattr(own, key, None) if getattr(own, key, None) is not None
+                    else defaults.get(key)
+                    for key in ("num_assistant_tokens", "num_assistant_tokens_schedule",
+                                "assistant_confidence_threshold")}
+        return {"num_assistant_tokens": spec.gamma, "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": 0.0}
+
+    @contextlib.contextmanager
+    def _assistant(self, spec: RunSpec):
+        """The assistant model, its generation config set for this configuration and restored
+        afterwards (Transformers reads the assistant's settings from its generation_config)."""
+        if spec.method != "hf_assisted" or spec.draft == NGRAM:
+            yield None
+            return
+        model = self.drafts[spec.draft].model
+        saved = model.generation_config
+        model.generation_config = copy.deepcopy(saved)
+        if spec.gamma != "default":
+            model.generation_config.num_assistant_tokens = spec.gamma
+            model.generation_config.num_assistant_tokens_schedule = "constant"
+            model.generation_config.assistant_confidence_threshold = 0.0  # γ fixed: no early stop
+        try:
+            yield model
+        finally:
+            model.generation_config = saved
+
+    @torch.inference_mode()
+    def _run_hf(self, spec, input_ids, seed, max_new_tokens) -> RunResult:
+        model = self.target.model
+        input_ids = input_ids.to(self.device)
+        attention_mask = torch.ones_like(input_ids)
+        gen_config = self.generation_config(spec, max_new_tokens)
+        with self._assistant(spec) as assistant, _quiet_transformers(), \
+                _seeded_global_rng(seed, self.device):
+            kwargs = {"assistant_model": assistant} if assistant is not None else {}
+            synchronize(self.device)
+            start = time.perf_counter()
+            streamer = _FirstTokenStreamer(start, self.device)
+            out = model.generate(input_ids, attention_mask=attention_mask,
+                                 generation_config=gen_config, streamer=streamer, **kwargs)
+            synchronize(self.device)
+            wall = time.perf_counter() - start
+        tokens = out[0, input_ids.size(1):].tolist()
+        return RunResult(tokens, wall, streamer.first)

@@ -1,0 +1,85 @@
+"""The measured cost model's inputs, timed directly: the target's forward pass over 1..γ+1 new
+tokens and each draft's cost per token, on a KV cache that holds a realistic context."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Iterable
+
+import torch
+
+from exactspec.bench.config import NGRAM
+from exactspec.engine import synchronize
+
+
+def context_from_prompts(prompt_ids: list[torch.Tensor], length: int) -> torch.Tensor:
+    """A [1, length] context made of the prompts' tokens (repeated as needed)."""
+    pool = torch.cat([ids[0] for ids in prompt_ids])
+    reps = -(-length // pool.numel())
+    return pool.repeat(reps)[:length].view(1, -1)
+
+
+@torch.inference_mode()
+def time_forward(loaded, context_ids: torch.Tensor, sizes: Iterable[int], *, repeats: int = 5,
+                 warmup: int = 2) -> dict[int, float]:
+    """Median seconds of one forward pass over n new tokens on a KV cache that holds
+    `context_ids` [1, L], for each n in `sizes` (the engine's own `CachedModel.feed`, cropped
+    back after each pass). Sizes are interleaved within each repeat, so noise spreads evenly."""
+    from exactspec.cache import CachedModel
+    from exactspec.models import unwrap_model, usable_vocab
+
+    model, tokenizer, name = unwrap_model(loaded)
+    lm = CachedModel(model, name, usable_vocab((model, tokenizer)))
+    device = lm.device
+    context_ids = context_ids.to(device)
+    sizes = sorted(set(sizes))
+    lm.feed(context_ids[:, :-1])
+    new = context_ids[:, -1:].repeat(1, max(sizes))  # [1, n_max] any real token ids will do
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for i in range(warmup + repeats):
+        for n in sizes:
+            synchronize(device)
+            start = time.perf_counter()
+            lm.feed(new[:, :n])
+            synchronize(device)
+            if i >= warmup:
+                times[n].append(time.perf_counter() - start)
+            lm.discard_last(torch.tensor([n]))  # back to the context
+    return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def time_ngram_draft(context_ids: torch.Tensor, gamma: int, *, repeats: int = 50) -> float:
+    """Median seconds per drafted token of the n-gram drafter: one round's proposal (one lookup)
+    on `context_ids` [1, L], through the drafter contract (`start`, then `propose`), divided by γ."""
+    from exactspec.drafters import NGramDrafter
+    from exactspec.sampling import SamplingConfig
+
+    drafter = NGramDrafter()
+    drafter.start(context_ids, torch.ones_like(context_ids, dtype=torch.bool), 0)
+    sampling = SamplingConfig()  # a point-mass draft: the settings are not read
+    times = []
+    for _ in range(repeats + 5):
+        start = time.perf_counter()
+        drafter.propose(gamma, sampling, None)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[5:]) / gamma
+
+
+def measure_timings(target, drafts: dict, context_ids: torch.Tensor, max_gamma: int,
+                    log: Callable[[str], None] = lambda _m: None) -> dict:
+    """The cost model's inputs, timed directly: the target's pass over n = 1..max_gamma+1 tokens
+    and each draft's cost per token, on a cache of len(context_ids) tokens."""
+    log(f"timing the target's forward pass on a {context_ids.size(1)}-token cache "
+        f"(1..{max_gamma + 1} new tokens) ...")
+    target_times = time_forward(target, context_ids, range(1, max_gamma + 2))
+    out = {"context_tokens": int(context_ids.size(1)),
+           "target": [{"tokens": n, "seconds": s} for n, s in sorted(target_times.items())],
+           "drafts": {}}
+    for spec, draft in drafts.items():
+        if draft == NGRAM:
+            seconds, how = time_ngram_draft(context_ids, 4), "one n-gram lookup (γ = 4) / 4"
+        else:
+            log(f"timing the draft {spec} ...")
+            seconds, how = time_forward(draft, context_ids, [1])[1], "forward pass, 1 token"
+        out["drafts"][spec] = {"seconds_per_token": seconds, "measured_as": how}
+    return out

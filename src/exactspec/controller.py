@@ -1,0 +1,120 @@
+"""Adaptive γ: before each round, the γ that maximizes expected output tokens per expected second.
+
+The controller keeps, from rounds already run (the past-only rule, so the output stays exact):
+- T(k): the seconds of a target pass over k tokens per row, a running mean per k, and a
+  straight line through them for the k not seen yet;
+- the draft's seconds per proposed token, per source ("model", "ngram", ...);
+- α per source: kept drafts / (kept drafts + rejections) in this generation, the geometric
+  model's estimate, starting from a uniform prior.
+
+It picks γ in 0..max_gamma maximizing E[N](α, γ) / (γ · c_draft + T(γ + 1)), where
+E[N] = Σ_{k=0..γ} α^k and γ = 0 is a plain step (one token per T(1)).
+
+When γ = 0 wins it still probes with a one-draft round now and then, so a drop to γ = 0 is
+never permanent: after 4, 8, 16 and then every 32 plain steps while drafting could pay at a
+better α, and every 64 while it could not pay even if every draft were kept (then only the
+timings can change the answer). Timings are remembered for the process (`shared`), keyed by
+the target and the drafter, so a second generation starts from the first one's costs;
+acceptance is not: it belongs to the text.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+AUTO = "auto"
+AUTO_MAX_GAMMA = 16
+START_GAMMA = 2  # a source's first round, before its cost is known
+_SMOOTHING = 0.25  # weight of the newest timing in a running mean
+_PRIOR_SLOPE = 0.2  # extra cost per token, as a share of T(k), until two pass sizes are seen
+_FIRST_PROBE, _LAST_PROBE, _REFRESH_PROBE = 4, 32, 64
+
+_TARGET_SECONDS: dict[object, dict[int, float]] = {}  # past generations' T(k), by target
+_DRAFT_SECONDS: dict[object, dict[str, float]] = {}  # and draft seconds per token, by drafter
+
+
+def _smooth(old: float | None, new: float) -> float:
+    return new if old is None else (1 - _SMOOTHING) * old + _SMOOTHING * new
+
+
+@dataclass
+class _Acceptance:
+    """Kept and rejected drafts of one source in this generation, and the probe schedule."""
+
+    accepted: int = 0
+    rejected: int = 0
+    plain_steps: int = 0  # γ = 0 chosen in a row since the last probe
+    probe_after: int = _FIRST_PROBE
+
+    def alpha(self) -> float:
+        return (self.accepted + 1) / (self.accepted + self.rejected + 2)  # a uniform prior
+
+
+@dataclass
+class GammaController:
+    """Chooses γ per round from past timings and acceptances (see the module docstring)."""
+
+    max_gamma: int = AUTO_MAX_GAMMA
+    target: dict[int, float] = field(default_factory=dict)  # k → seconds of a k-token pass
+    draft: dict[str, float] = field(default_factory=dict)  # source → seconds per draft token
+    acceptance: dict[str, _Acceptance] = field(default_factory=dict)
+
+    @classmethod
+    def shared(cls, target_key, drafter_key) -> GammaController:
+        """A controller whose timings persist across generations with the same keys."""
+        return cls(target=_TARGET_SECONDS.setdefault(target_key, {}),
+                   draft=_DRAFT_SECONDS.setdefault(drafter_key, {}))
+
+    def observe(self, source: str, drafted: int, num_accepted: torch.Tensor, target_tokens: int,
+                draft_seconds: float, target_seconds: float) -> None:
+        """Learn from one finished round (its timings and each row's τ)."""
+        if target_tokens > 0:
+            self.target[target_tokens] = _smooth(self.target.get(target_tokens), target_seconds)
+        if drafted == 0 or source == "none":
+            return
+        self.draft[source] = _smooth(self.draft.get(source), draft_seconds / drafted)
+        kept = num_accepted.tolist()
+        stats = self.acceptance.setdefault(source, _Acceptance())
+        stats.accepted += sum(kept)
+        stats.rejected += sum(1 for tau in kept if tau < drafted)
+
+    def choose(self, source: str) -> int:
+        """The γ for the next round when `source` drafts it."""
+        if source == "none":
+            return 0
+        if source not in self.draft or not self.target:
+            return START_GAMMA
+        stats = self.acceptance.setdefault(source, _Acceptance())
+        gamma = self.best_gamma(source, stats.alpha())
+        if gamma > 0:
+            stats.plain_steps, stats.probe_after = 0, _FIRST_PROBE
+            return gamma
+        stats.plain_steps += 1
+        could_pay = self.best_gamma(source, 1.0) > 0
+        if stats.plain_steps < (stats.probe_after if could_pay else _REFRESH_PROBE):
+            return 0
+        stats.plain_steps = 0
+        stats.probe_after = min(2 * stats.probe_after, _LAST_PROBE)
+        return 1  # a probe: a short round keeps α and the draft's cost up to date
+
+    def best_gamma(self, source: str, alpha: float) -> int:
+        return max(range(self.max_gamma + 1), key=lambda g: self.rate(source, alpha, g))
+
+    def rate(self, source: str, alpha: float, gamma: int) -> float:
+        """Expected output tokens per second of a round with γ drafts."""
+        tokens = sum(alpha ** k for k in range(gamma + 1))  # E[N]
+        return tokens / (gamma * self.draft[source] + self.target_seconds(gamma + 1))
+
+    def target_seconds(self, k: int) -> float:
+        """T(k): measured when k was seen, else a least-squares line through the k seen."""
+        if k in self.target:
+            return self.target[k]
+        sizes = sorted(self.target)
+        if len(sizes) == 1:
+            return self.target[sizes[0]] * (1 + _PRIOR_SLOPE * (k - sizes[0]))
+        mean_k = sum(sizes) / len(sizes)
+        mean_t = sum(self.target.values()) / len(sizes)
+        slope = (sum((s - mean_k) * (self.target[s] - mean_t) for s in sizes)
+                 / sum((s - mean_k) ** 2 for s in sizes))
+        return max(mean_t + max(slope, 0.0) * (k - mean_k), min(self.target.values()))

@@ -1,0 +1,58 @@
+"""The `auto` draft: per round, prompt lookup when the context offers a match worth drafting,
+else the model draft (whose γ the controller may set to 0, a plain step)."""
+from __future__ import annotations
+
+import torch
+
+from exactspec.drafters.base import Proposal
+from exactspec.drafters.model import ModelDrafter
+from exactspec.drafters.ngram import NGramDrafter
+from exactspec.sampling import SamplingConfig
+
+MIN_MATCH = 2  # a lookup needs a match of at least this many tokens to be worth a round
+
+
+class AutoDrafter:
+    """Chooses, before each round and from the committed tokens only (the past-only rule), who
+    drafts: `NGramDrafter` when some row's context repeats its last MIN_MATCH or more tokens,
+    else the `ModelDrafter`. The one that sat a round out learns its tokens afterwards
+    (`observe`); the model's cache catches up lazily, when it next drafts."""
+
+    name = "auto"
+
+    def __init__(self, model: ModelDrafter, lookup: NGramDrafter | None = None,
+                 min_match: int = MIN_MATCH):
+        self.model, self.lookup = model, lookup or NGramDrafter()
+        self.min_match, self.source = min_match, None
+
+    calls = property(lambda self: self.model.calls)
+    tokens_fed = property(lambda self: self.model.tokens_fed)
+    padding_fed = property(lambda self: self.model.padding_fed)
+
+    def bind(self, target, total_tokens: int) -> int:
+        return self.model.bind(target, total_tokens)
+
+    def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
+        self.model.start(input_ids, valid, vocab_size)
+        self.lookup.start(input_ids, valid, vocab_size)
+
+    def next_source(self) -> str:
+        """"ngram" or "model", decided from the committed tokens; kept until the round commits."""
+        if self.source is None:
+            self.source = "ngram" if self.lookup.match_length() >= self.min_match else "model"
+        return self.source
+
+    def propose(self, gamma: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        drafter = self.lookup if self.next_source() == "ngram" else self.model
+        return drafter.propose(gamma, sampling, generator)
+
+    def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        drafted, idle = (self.lookup, self.model) if self.source == "ngram" else (self.model, self.lookup)
+        drafted.commit(num_accepted, next_tokens)
+        idle.observe(drafted.drafts, num_accepted, next_tokens)
+        self.source = None
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.model.select(rows)
+        self.lookup.select(rows)

@@ -1,0 +1,325 @@
+"""The FastAPI application: OpenAI's /v1/models, /v1/completions and /v1/chat/completions, plus
+/health and /metrics. Handlers check and encode a request, hand it to the `Scheduler` (the
+engine thread) and turn its token events into a response or a server-sent-event stream."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from exactspec.batching import RowSettings
+from exactspec.serve.metrics import ServerMetrics
+from exactspec.serve.protocol import ApiError, Params, parse_request, speculative_metrics
+from exactspec.serve.scheduler import Job, QueueFull, Scheduler
+from exactspec.serve.text import TextStream
+
+log = logging.getLogger("exactspec.serve")
+DEFAULT_MAX_TOKENS = {"completions": 16, "chat": 512}  # OpenAI's completions default is 16
+
+
+@dataclass
+class ServeConfig:
+    """What `exactspec serve` serves: model specs (or loaded models), drafting and limits."""
+
+    target: object = "smollm2-135m-instruct"
+    draft: object = "smollm2-135m-instruct@bfloat16"  # a spec, "ngram", "none"/None or a model
+    gamma: int = 4
+    verify: str = "block"
+    max_batch: int = 8
+    max_queue: int = 64
+    model_name: str | None = None  # the id clients use; default: the target spec as given
+
+
+class ServerState:
+    """Loads the models in a background thread (so /health answers 503 meanwhile), then runs
+    the scheduler."""
+
+    def __init__(self, config: ServeConfig):
+        self.config, self.metrics = config, ServerMetrics()
+        self.scheduler: Scheduler | None = None
+        self.target, self.context = None, None
+        self.error: str | None = None
+        self.model_name = config.model_name or (config.target if isinstance(config.target, str)
+                                                else getattr(config.target, "name", "target"))
+        self.created = int(time.time())
+
+    def load(self) -> None:
+        from exactspec.models import context_length, eos_token_ids, load_model
+
+        try:
+            config = self.config
+            target = load_model(config.target) if isinstance(config.target, str) else config.target
+            make_drafter = _drafter_factory(config.draft)
+            make_drafter()  # a bad spec fails now, not at the first request
+            self.target, self.context = target, context_length(target)
+            self.scheduler = Scheduler(target, make_drafter, gamma=config.gamma,
+                                       eos_ids=eos_token_ids(target), max_batch=config.max_batch,
+                                       max_queue=config.max_queue, context=self.context,
+                                       metrics=self.metrics)
+            self.scheduler.start()
+        except Exception as err:  # /health reports it; the process keeps answering
+            log.exception("loading the models failed")
+            self.error = f"{type(err).__name__}: {err}"
+
+    def ready(self) -> Scheduler:
+        if self.scheduler is None:
+            why = f"loading the models failed: {self.error}" if self.error else "the models are still loading"
+            raise ApiError(503, why, type="service_unavailable")
+        return self.scheduler
+
+
+def _drafter_factory(draft):
+    """A function making a fresh drafter for each new batch (a drafter holds per-batch state)."""
+    from exactspec.drafters import ModelDrafter, NGramDrafter, NoDraft
+    from exactspec.models import load_model
+
+    if draft is None or (isinstance(draft, str) and draft.lower() == "none"):
+        return NoDraft
+    if isinstance(draft, str) and draft.lower() == "ngram":
+        return NGramDrafter
+    if isinstance(draft, str) and draft.lower() == "auto":
+        raise ValueError("--draft auto is not supported by the server yet (its rows cannot join a "
+                         "running batch); use a model spec, 'ngram' or 'none'")
+    loaded = load_model(draft) if isinstance(draft, str) else draft
+    return lambda: ModelDrafter(loaded)
+
+
+def create_app(config: ServeConfig, *, load_in_background: bool = True) -> FastAPI:
+    state = ServerState(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        loader = threading.Thread(target=state.load, name="exactspec-load", daemon=True)
+        loader.start()
+        if not load_in_background:
+            await asyncio.to_thread(loader.join)
+        yield
+        if state.scheduler is not None:
+            await asyncio.to_thread(state.scheduler.stop)
+
+    app = FastAPI(title="exactspec", lifespan=lifespan)
+    app.state.exactspec = state
+    _add_error_handlers(app, state)
+    _add_routes(app, state)
+    return app
+
+
+def _error_response(err: ApiError, state: ServerState) -> JSONResponse:
+    state.metrics.rejected.labels(status=str(err.status)).inc()
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request, err: ApiError):
+        return _error_response(err, state)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, err: StarletteHTTPException):
+        kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+        return _error_response(ApiError(err.status_code, str(err.detail), type=kind), state)
+
+    @app.exception_handler(Exception)
+    async def server_error(request, err: Exception):
+        log.exception("request failed")
+        return _error_response(ApiError(500, f"internal error: {type(err).__name__}: {err}",
+                                        type="server_error"), state)
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health():
+        state.ready()
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model",
+                                            "created": state.created, "owned_by": "exactspec"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _serve(request, state, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _serve(request, state, "chat")
+
+
+async def _serve(request: Request, state: ServerState, kind: str):
+    scheduler = state.ready()
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"the request body is not valid JSON: {err}") from None
+    params = parse_request(body, kind)
+    if params.model is not None and params.model != state.model_name:
+        raise ApiError(404, f"the model {params.model!r} does not exist; this server serves "
+                            f"{state.model_name!r}", param="model", type="invalid_request_error",
+                       code="model_not_found")
+    prompt = _encode(state, params)
+    job = Job(prompt, _settings(state, params, len(prompt)), asyncio.get_running_loop())
+    try:
+        scheduler.submit(job)
+    except QueueFull as err:
+        raise ApiError(429, str(err), type="rate_limit_error", code="queue_full") from None
+    reply = _Reply(state, params, job, TextStream(state.target.tokenizer, params.stop))
+    if params.stream:
+        return StreamingResponse(reply.stream(), media_type="text/event-stream")
+    return await reply.whole(request)
+
+
+def _encode(state: ServerState, params: Params) -> list[int]:
+    tokenizer = state.target.tokenizer
+    if params.kind == "chat":
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ApiError(400, "this model's tokenizer has no chat template; use /v1/completions",
+                           param="messages")
+        encoded = tokenizer.apply_chat_template(params.messages, add_generation_prompt=True,
+                                                return_tensors="pt")
+        ids = encoded if not hasattr(encoded, "keys") else encoded["input_ids"]
+        return ids[0].tolist()
+    if isinstance(params.prompt, list):
+        vocab = state.target.vocab_size
+        bad = [t for t in params.prompt if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(400, f"prompt token ids must be in [0, {vocab}), got {bad[0]}", param="prompt")
+        return list(params.prompt)
+    from exactspec.models import encode_prompt
+
+    return encode_prompt(state.target, params.prompt, chat=False)[0].tolist()
+
+
+def _settings(state: ServerState, params: Params, prompt_tokens: int) -> RowSettings:
+    context = state.context
+    max_tokens = params.max_tokens
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS[params.kind]
+        if context is not None:
+            max_tokens = max(1, min(max_tokens, context - prompt_tokens))
+    if context is not None and prompt_tokens + max_tokens > context:
+        field = "messages" if params.kind == "chat" else "prompt"
+        raise ApiError(400, f"this model's maximum context length is {context} tokens, but "
+                            f"{prompt_tokens + max_tokens} were requested ({prompt_tokens} in the "
+                            f"{field}, {max_tokens} to generate)", param=field,
+                       code="context_length_exceeded")
+    gamma = state.config.gamma if params.gamma is None else params.gamma
+    return RowSettings(max_new_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k,
+                       top_p=params.top_p, seed=params.seed, gamma=gamma, verify=params.verify)
+
+
+class _Reply:
+    """One request's answer: its text as it arrives, usage and speculative metrics at the end."""
+
+    def __init__(self, state: ServerState, params: Params, job: Job, text: TextStream):
+        self.state, self.params, self.job, self.text = state, params, job, text
+        self.id = ("chatcmpl-" if params.kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.tokens = 0
+        self.finish_reason: str | None = None
+        self.first_token_at: float | None = None
+
+    async def deltas(self):
+        """Text deltas as rounds finish; sets finish_reason. Raises ApiError(500) on an engine error."""
+        while self.finish_reason is None:
+            event = await self.job.events.get()
+            if event[0] == "tokens":
+                if self.first_token_at is None:
+                    self.first_token_at = time.perf_counter()
+                    self.state.metrics.ttft.observe(self.first_token_at - self.job.created)
+                self.tokens += len(event[1])
+                delta = self.text.push(event[1])
+                if self.text.stopped:
+                    self.state.scheduler.cancel(self.job)
+                    self.finish_reason = "stop"
+            elif event[0] == "done":
+                delta, self.finish_reason = self.text.flush(), event[1]
+            else:
+                raise ApiError(500, event[1], type="server_error")
+            if delta:
+                yield delta
+        self._observe()
+
+    def _observe(self) -> None:
+        metrics = self.state.metrics
+        metrics.observe_request(len(self.job.prompt), speculative_metrics(self.job.stats),
+                                self.tokens, self.finish_reason, time.perf_counter() - self.job.created)
+
+    def usage(self) -> dict:
+        prompt = len(self.job.prompt)
+        return {"prompt_tokens": prompt, "completion_tokens": self.tokens,
+                "total_tokens": prompt + self.tokens}
+
+    def _head(self, chunk: bool) -> dict:
+        kind = "chat.completion" if self.params.kind == "chat" else "text_completion"
+        return {"id": self.id, "object": kind + (".chunk" if chunk and self.params.kind == "chat" else ""),
+                "created": self.created, "model": self.state.model_name}
+
+    def _choice(self, text: str | None, finish, chunk: bool, first: bool = False) -> dict:
+        if self.params.kind == "completions":
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if not chunk:
+            return {"index": 0, "message": {"role": "assistant", "content": text},
+                    "logprobs": None, "finish_reason": finish}
+        delta = {"role": "assistant", "content": text or ""} if first else (
+            {"content": text} if text else {})
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    async def whole(self, request: Request) -> JSONResponse:
+        """The non-streamed answer; a client that goes away cancels its row."""
+        parts = []
+        collector = asyncio.ensure_future(self._collect(parts))
+        while not collector.done():
+            await asyncio.wait([collector], timeout=0.5)
+            if not collector.done() and await request.is_disconnected():
+                collector.cancel()
+                self.state.scheduler.cancel(self.job)
+                return JSONResponse({}, status_code=499)
+        collector.result()
+        body = {**self._head(False), "choices": [self._choice("".join(parts), self.finish_reason, False)],
+                "usage": self.usage(), "metrics": {"speculative_decoding": speculative_metrics(self.job.stats)}}
+        return JSONResponse(body)
+
+    async def _collect(self, parts: list[str]) -> None:
+        async for delta in self.deltas():
+            parts.append(delta)
+
+    async def stream(self):
+        """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
+        try:
+            if self.params.kind == "chat":  # the first delta carries the role
+                yield _sse({**self._head(True), "choices": [self._choice("", None, True, first=True)]})
+            try:
+                async for delta in self.deltas():
+                    yield _sse({**self._head(True), "choices": [self._choice(delta, None, True)]})
+            except ApiError as err:
+                yield _sse(err.body())
+                yield "data: [DONE]\n\n"
+                return
+            yield _sse({**self._head(True), "choices": [self._choice(None, self.finish_reason, True)]})
+            if self.params.include_usage:
+                yield _sse({**self._head(True), "choices": [], "usage": self.usage(),
+                            "metrics": {"speculative_decoding": speculative_metrics(self.job.stats)}})
+            yield "data: [DONE]\n\n"
+        finally:
+            if self.finish_reason is None:  # the client went away mid-stream: free its row
+                self.state.scheduler.cancel(self.job)
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"

@@ -1,0 +1,50 @@
+"""Prometheus metrics of the server, named like vLLM's and llama.cpp's (`exactspec:` prefix).
+
+Counters of speculation (`exactspec:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`,
+`..._num_accepted_tokens_total`) and of tokens, request latency and time-to-first-token
+histograms, and gauges of running and waiting requests. Each server has its own registry.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+PREFIX = "exactspec:"
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20)
+
+
+class ServerMetrics:
+    """The server's metrics; `observe_request` adds one finished request's counts."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        counter = lambda name, doc, labels=(): Counter(PREFIX + name, doc, labels, registry=self.registry)
+        self.num_drafts = counter("spec_decode_num_drafts", "Speculative rounds that drafted tokens")
+        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed")
+        self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated for finished requests")
+        self.requests = counter("request_success", "Finished requests by finish reason", ("finished_reason",))
+        self.cancelled = counter("request_cancelled", "Requests whose row left early (client gone, stop string)")
+        self.rejected = counter("request_rejected", "Requests refused with an HTTP error", ("status",))
+        self.running = Gauge(PREFIX + "num_requests_running", "Requests in the running batch",
+                             registry=self.registry)
+        self.waiting = Gauge(PREFIX + "num_requests_waiting", "Requests waiting to join the batch",
+                             registry=self.registry)
+        self.latency = Histogram(PREFIX + "e2e_request_latency_seconds", "Request latency",
+                                 buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token",
+                              buckets=_TTFT_BUCKETS, registry=self.registry)
+
+    def observe_request(self, prompt_tokens: int, spec: dict, completion_tokens: int,
+                        finish_reason: str, latency: float) -> None:
+        self.num_drafts.inc(spec["num_spec_steps"])
+        self.num_draft_tokens.inc(spec["num_draft_tokens"])
+        self.num_accepted_tokens.inc(spec["num_accepted_draft_tokens"])
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(completion_tokens)
+        self.requests.labels(finished_reason=finish_reason).inc()
+        self.latency.observe(latency)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,193 @@
+"""The OpenAI request fields the server accepts, checked one by one, and its error shape.
+
+Supported: `model`, `prompt` (completions: a string or a list of token ids) / `messages` (chat),
+`max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`, `stream`,
+`stream_options.include_usage`, and the extras `top_k`, `gamma`, `verify`. Fields that only
+restate the default (`n: 1`, `logprobs: false`, null values, ...) are accepted; any other field,
+or a value the server cannot honour, is a 400 naming the field — never silently ignored.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+MAX_GAMMA = 32
+MAX_STOPS = 4
+# Fields accepted when they hold their default (or null): they change nothing.
+_NO_OPS = {"n": 1, "logprobs": False, "echo": False, "best_of": 1, "frequency_penalty": 0,
+           "presence_penalty": 0, "parallel_tool_calls": None, "tools": [], "functions": [],
+           "user": "*", "tool_choice": "none", "response_format": {"type": "text"}}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+          "stream_options", "gamma", "verify"}
+FIELDS = {"completions": COMMON | {"prompt"},
+          "chat": COMMON | {"messages", "max_completion_tokens"}}
+
+
+class ApiError(Exception):
+    """An HTTP error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+@dataclass
+class Params:
+    """A checked request."""
+
+    kind: str  # "completions" or "chat"
+    model: str | None
+    prompt: str | list[int] | None = None
+    messages: list[dict] | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    gamma: int | None = None
+    verify: str = "block"
+
+
+def _number(body: dict, name: str, low: float, high: float, default, *, integer=False, low_open=False):
+    value = body.get(name)
+    if value is None:
+        return default
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float)):
+        raise bad(name, f"{name} must be {kind}, got {value!r}")
+    if not math.isfinite(value) or (value <= low if low_open else value < low) or value > high:
+        where = f"in ({low:g}, {high:g}]" if low_open else (
+            f"in [{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}")
+        raise bad(name, f"{name} must be {kind} {where}, got {value!r}")
+    return value
+
+
+def _check_no_ops(body: dict, kind: str) -> None:
+    for name, value in body.items():
+        if name in FIELDS[kind] or value is None:
+            continue
+        if name in _NO_OPS and (_NO_OPS[name] == "*" or value == _NO_OPS[name]):
+            continue
+        what = f"{name} = {value!r}" if name in _NO_OPS else name
+        raise bad(name, f"{what} is not supported by this server")
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad("stop", f"stop must be a string or a list of strings, got {stop!r}")
+    if len(stops) > MAX_STOPS:
+        raise bad("stop", f"stop may hold at most {MAX_STOPS} strings, got {len(stops)}")
+    return [s for s in stops if s]
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", f"messages must be a non-empty list, got {messages!r}")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad(f"messages[{i}]", f"messages[{i}] must be an object with a string 'role'")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: only text parts
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise bad(f"messages[{i}].content", "only text content parts are supported")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise bad(f"messages[{i}].content", f"messages[{i}].content must be a string")
+        extra = set(message) - {"role", "content", "name"}
+        if extra:
+            name = sorted(extra)[0]
+            raise bad(f"messages[{i}].{name}", f"messages[{i}].{name} is not supported")
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+def _prompt(body: dict):
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("prompt", "prompt is empty")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                   for t in prompt):
+        return prompt
+    raise bad("prompt", "prompt must be a non-empty string or a list of token ids (one prompt "
+                        f"per request), got {type(prompt).__name__}")
+
+
+def parse_request(body, kind: str) -> Params:
+    """Check an endpoint's JSON body; raise ApiError(400) naming the first bad field."""
+    if not isinstance(body, dict):
+        raise bad(None, f"the request body must be a JSON object, got {type(body).__name__}")
+    _check_no_ops(body, kind)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", f"model must be a string, got {model!r}")
+    params = Params(kind=kind, model=model)
+    if kind == "chat":
+        params.messages = _messages(body)
+    else:
+        params.prompt = _prompt(body)
+    limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    params.max_tokens = _number(body, limit, 1, math.inf, None, integer=True)
+    params.temperature = float(_number(body, "temperature", 0, 2, 1.0))
+    params.top_p = _number(body, "top_p", 0, 1, None, low_open=True)
+    params.top_k = _number(body, "top_k", 1, math.inf, None, integer=True)
+    params.seed = _number(body, "seed", -(2 ** 63), 2 ** 64 - 1, None, integer=True)
+    params.gamma = _number(body, "gamma", 0, MAX_GAMMA, None, integer=True)
+    params.stop = _stop(body)
+    for flag in ("stream",):
+        if not isinstance(body.get(flag, False), bool) and body.get(flag) is not None:
+            raise bad(flag, f"{flag} must be a boolean, got {body[flag]!r}")
+    params.stream = bool(body.get("stream"))
+    params.include_usage = _include_usage(body.get("stream_options"), params.stream)
+    verify = body.get("verify")
+    if verify is not None and verify not in ("block", "token"):
+        raise bad("verify", f"verify must be 'block' or 'token', got {verify!r}")
+    params.verify = verify or "block"
+    return params
+
+
+def _include_usage(options, stream: bool) -> bool:
+    if options is None:
+        return False
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise bad("stream_options", f"stream_options supports only include_usage, got {options!r}")
+    if not stream:
+        raise bad("stream_options", "stream_options needs stream = true")
+    value = options.get("include_usage", False)
+    if not isinstance(value, bool):
+        raise bad("stream_options.include_usage", f"include_usage must be a boolean, got {value!r}")
+    return value
+
+
+def speculative_metrics(stats) -> dict:
+    """vLLM's per-request `metrics.speculative_decoding`, from a row's DecodeStats."""
+    if stats is None:  # never admitted
+        steps = drafted = accepted = 0
+    else:
+        steps, drafted, accepted = stats.rounds, stats.drafted_tokens, stats.accepted_drafts
+    return {"num_spec_steps": steps, "num_draft_tokens": drafted,
+            "num_accepted_draft_tokens": accepted,
+            "draft_acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": 1 + accepted / steps if steps else None}

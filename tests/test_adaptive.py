@@ -1,0 +1,146 @@
+"""Choices that shape a round (γ, who drafts) stay exact when they look only backwards, and
+break exactness when they peek at the target's scores of the round: adaptive γ, the auto draft."""
+import pytest
+import torch
+
+import exactspec as es
+from exactspec.controller import GammaController
+from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter
+from conftest import ALPHA, chi_square_pvalue
+from test_decoding import NGRAM_PROMPT, PROMPTS, hf_greedy, ids, target_joint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class ScriptedController:
+    """A past-only controller that varies γ a lot: γ = 1 in the first round, then 0 after a round
+    that kept all its drafts and 2 after one that did not."""
+
+    def __init__(self):
+        self.next = 1
+
+    def choose(self, source: str) -> int:
+        return self.next
+
+    def observe(self, source, drafted, num_accepted, *timings) -> None:
+        self.next = 0 if drafted and bool((num_accepted == drafted).all()) else 2
+
+
+class PeekingDrafter:
+    """Deliberately wrong: it cuts its own proposal to nothing whenever the target would give the
+    first draft less probability than the draft did (p(x_1) < q(x_1)). The cut depends on the
+    target's scores of the current round, which the past-only rule forbids."""
+
+    def __init__(self, inner: ModelDrafter, target):
+        self.inner, self.target = inner, target
+        for name in ("name", "bind", "next_source", "select"):
+            setattr(self, name, getattr(inner, name))
+        self.calls = self.tokens_fed = self.padding_fed = 0
+
+    def start(self, input_ids, valid, vocab_size):
+        self.inner.start(input_ids, valid, vocab_size)
+        self.sequence = input_ids[0].tolist()
+
+    def propose(self, gamma, sampling, generator):
+        proposal = self.inner.propose(gamma, sampling, generator)
+        if proposal.tokens.size(1):
+            with torch.no_grad():
+                logits = self.target(torch.tensor([self.sequence])).logits[0, -1]
+            x = proposal.tokens[0, 0]
+            if sampling.probs(logits.double())[x] < proposal.q[0, 0, x]:
+                proposal = es.drafters.Proposal(proposal.tokens[:, :0], proposal.q[:, :0])
+        self.drafted = proposal.tokens
+        return proposal
+
+    def commit(self, num_accepted, next_tokens):
+        n = int(num_accepted[0])
+        self.sequence += self.drafted[0, :n].tolist() + [int(next_tokens[0])]
+        self.inner.commit(num_accepted, next_tokens) if self.drafted.size(1) else \
+            self.inner.observe(self.drafted, num_accepted, next_tokens)
+
+
+def sample_first_two(target, drafter_factory, prompt, gamma, settings, runs=1200):
+    """Counts of the first 2 new tokens over `runs` seeded generations, and the drafts kept."""
+    counts, accepted = {}, 0
+    for seed in range(runs):
+        out = es.speculative_generate(target, drafter_factory(), ids(prompt), gamma=gamma(),
+                                      max_new_tokens=3, seed=seed, eos_token_id=[], **settings)
+        key = tuple(out.sequences[0, len(prompt): len(prompt) + 2].tolist())
+        counts[key] = counts.get(key, 0) + 1
+        accepted += out.stats.accepted_drafts
+    return counts, accepted
+
+
+@pytest.mark.parametrize("gamma", ["auto", "scripted"])
+def test_greedy_with_adaptive_gamma_and_auto_draft_matches_target(tiny_pair, gamma):
+    target, draft = tiny_pair
+    for prompt in PROMPTS:
+        expected = hf_greedy(target, prompt, 24)
+        for drafter in (ModelDrafter(draft), NGramDrafter(), AutoDrafter(ModelDrafter(draft))):
+            choice = ScriptedController() if gamma == "scripted" else "auto"
+            out = es.speculative_generate(target, drafter, ids(prompt), gamma=choice,
+                                          max_new_tokens=24, temperature=0, eos_token_id=[])
+            assert out.sequences[0].tolist() == expected
+
+
+CASES = [("model", PROMPTS[2], dict(temperature=1.0)),
+         ("ngram", NGRAM_PROMPT, dict(temperature=0.5)),
+         ("auto", NGRAM_PROMPT, dict(temperature=0.7, top_k=8))]
+
+
+@pytest.mark.parametrize("gamma", ["auto", "scripted"])
+@pytest.mark.parametrize("kind, prompt, settings", CASES, ids=["model", "ngram", "auto"])
+def test_adaptive_sampling_matches_target_joint(tiny_pair, gamma, kind, prompt, settings):
+    """With γ chosen each round from the past (the real controller, fresh each run so that it
+    explores, or a scripted one that switches between 0, 1 and 2), the first 2 tokens follow the target's exact joint
+    (chi-square, false-failure rate 1e-6 per case)."""
+    target, draft = tiny_pair
+    factories = {"model": lambda: ModelDrafter(draft), "ngram": NGramDrafter,
+                 "auto": lambda: AutoDrafter(ModelDrafter(draft), min_match=1)}
+    choose = ScriptedController if gamma == "scripted" else GammaController  # a fresh one per run
+    counts, accepted = sample_first_two(target, factories[kind], prompt, choose, settings)
+    assert accepted > 100  # drafts were really kept, so acceptance is exercised
+    assert chi_square_pvalue(counts, target_joint(target, prompt, 2, es.SamplingConfig(**settings))) > ALPHA
+
+
+def test_a_controller_that_peeks_at_the_target_is_caught(tiny_pair):
+    """The same kind of test, on the first token, turns red for a choice that depends on the
+    round's target scores (its p-value falls below the 1e-6 the exact paths must stay above)."""
+    target, draft = tiny_pair
+    settings = dict(temperature=1.0)
+    counts, _ = sample_first_two(target, lambda: PeekingDrafter(ModelDrafter(draft), target),
+                                 PROMPTS[2], lambda: 2, settings)
+    first = {}
+    for (token, _), n in counts.items():
+        first[token] = first.get(token, 0) + n
+    law = target_joint(target, PROMPTS[2], 1, es.SamplingConfig(**settings))
+    assert chi_square_pvalue({(t,): n for t, n in first.items()}, law) < ALPHA
+
+
+def test_controller_prefers_plain_steps_when_the_draft_costs_more_than_it_saves():
+    controller = GammaController()
+    controller.observe("model", 0, torch.tensor([0]), 1, 0.0, 0.040)  # a plain step: 40 ms
+    for _ in range(5):  # a draft token costs 44 ms and 40 % of drafts are kept
+        controller.observe("model", 4, torch.tensor([1]), 5, 0.176, 0.065)
+    choices = [controller.choose("model") for _ in range(130)]
+    # Even with every draft kept it could not pay: plain steps, and a probe every 64 of them.
+    assert [i for i, gamma in enumerate(choices) if gamma] == [63, 127]
+    assert set(choices) == {0, 1}
+
+
+def test_controller_probes_sooner_when_a_better_alpha_would_pay():
+    controller = GammaController()
+    controller.observe("model", 0, torch.tensor([0]), 1, 0.0, 0.040)
+    for _ in range(20):  # a draft token costs 4 ms, but few drafts are kept
+        controller.observe("model", 4, torch.tensor([0]), 5, 0.016, 0.065)
+    controller.observe("model", 4, torch.tensor([4]), 5, 0.016, 0.065)
+    choices = [controller.choose("model") for _ in range(40)]
+    assert [i for i, gamma in enumerate(choices) if gamma] == [3, 11, 27]  # after 4, 8, 16
+
+
+def test_controller_drafts_long_blocks_when_drafts_are_free_and_kept():
+    controller = GammaController()
+    controller.observe("ngram", 0, torch.tensor([0]), 1, 0.0, 0.040)
+    for _ in range(20):
+        controller.observe("ngram", 8, torch.tensor([8]), 9, 0.0001, 0.090)
+    assert controller.choose("ngram") >= 8
