@@ -144,3 +144,21 @@ def test_controller_drafts_long_blocks_when_drafts_are_free_and_kept():
     for _ in range(20):
         controller.observe("ngram", 8, torch.tensor([8]), 9, 0.0001, 0.090)
     assert controller.choose("ngram") >= 8
+
+
+def test_a_slow_first_pass_does_not_stop_drafting_for_good():
+    """A first call's one-time set-up (here a 5 s two-token pass) is an upward outlier: a k-token
+    pass slower than k one-token passes is set aside, so free drafts still get drafted."""
+    controller = GammaController()
+    controller.observe("ngram", 1, torch.tensor([1]), 2, 0.0001, 5.0)
+    controller.observe("ngram", 0, torch.tensor([0]), 1, 0.0, 0.040)
+    assert controller.target_seconds(2) < 0.080
+    assert controller.choose("ngram") > 0
+
+
+def test_draft_cost_is_per_forward_pass_of_the_draft_model():
+    """A round whose draft caught up on 100 pending tokens in one pass, then drafted 2 more
+    tokens (3 passes in all), costs a third of its draft time per pass, not per drafted token."""
+    controller = GammaController()
+    controller.observe("model", 3, torch.tensor([3]), 4, 0.090, 0.050, draft_calls=3)
+    assert min(controller.draft["model"]) == pytest.approx(0.030)

@@ -6,10 +6,11 @@ import math
 import pytest
 
 from exactspec import costmodel
-from exactspec.bench.config import BenchConfig, BenchPrompt, parse_gammas, parse_verify
+from exactspec.bench.config import (BenchConfig, BenchPrompt, RunSpec, auto_model_spec,
+                                    parse_gammas, parse_verify, plan)
 from exactspec.bench.plot import plot_costmodel
 from exactspec.bench.report import build_costmodel, write_json
-from exactspec.bench.run import run_benchmark
+from exactspec.bench.run import load_models, run_benchmark
 from exactspec.bench.timing import measure_timings
 from exactspec.cli import main
 from exactspec.cli.bench import load_bench_prompts
@@ -24,7 +25,7 @@ ROW_FIELDS = {
     "time_to_first_token", "accepted_drafts", "drafted_tokens", "corrections", "bonus_tokens",
     "rounds", "target_calls", "draft_calls", "acceptance_rate", "alpha", "tokens_per_round",
     "ms_per_round", "speedup_vs_autoregressive", "speedup_vs_hf_generate",
-    "matches_autoregressive", "peer_settings",
+    "matches_autoregressive", "peer_settings", "rounds_by_source", "mean_gamma",
 }
 # fake cost-model inputs (seconds): target passes over 1..9 tokens, and each draft per token
 FAKE_TIMINGS = {
@@ -35,8 +36,25 @@ FAKE_TIMINGS = {
 }
 
 
+def tiny_models():
+    """The tiny target, its bfloat16 copy (the auto draft's model draft) and a smaller draft, by
+    spec."""
+    import torch
+    from conftest import make_tiny_llama, make_tiny_tokenizer
+    from exactspec.models import LoadedModel
+
+    tokenizer, cpu = make_tiny_tokenizer(), torch.device("cpu")
+    return {"tiny-target": LoadedModel(make_tiny_llama(seed=0), tokenizer, "tiny-target",
+                                       torch.float32, cpu),
+            "tiny-target@bfloat16": LoadedModel(make_tiny_llama(seed=0, dtype=torch.bfloat16),
+                                                tokenizer, "tiny-target", torch.bfloat16, cpu),
+            "tiny-draft": LoadedModel(make_tiny_llama(seed=1, num_layers=1), tokenizer,
+                                      "tiny-draft", torch.float32, cpu)}
+
+
 def tiny_config(**overrides):
-    settings = dict(target="tiny-target", drafts=["tiny-draft", "ngram"], gammas=[1, 3],
+    settings = dict(target="tiny-target", drafts=["tiny-draft", "ngram", "auto"],
+                    gammas=[2, "auto"],
                     temperatures=[0.0, 1.0], prompts=list(TINY_PROMPTS), max_new_tokens=6,
                     repeats=2, warmup=1, peers=True)
     settings.update(overrides)
@@ -45,18 +63,9 @@ def tiny_config(**overrides):
 
 @pytest.fixture(scope="module")
 def tiny_result():
-    """One small benchmark, shared by the tests that only read it."""
-    import torch
-    from conftest import make_tiny_llama, make_tiny_tokenizer
-    from exactspec.models import LoadedModel
-
-    tokenizer, cpu = make_tiny_tokenizer(), torch.device("cpu")
-    target = LoadedModel(make_tiny_llama(seed=0), tokenizer, "tiny-target", torch.float32, cpu)
-    draft = LoadedModel(make_tiny_llama(seed=1, num_layers=1), tokenizer, "tiny-draft",
-                        torch.float32, cpu)
-    config = tiny_config()
-    return run_benchmark(config, models={"tiny-target": target, "tiny-draft": draft},
-                         timings=FAKE_TIMINGS, log=None)
+    """One small benchmark, shared by the tests that only read it: fixed γ and γ = auto, a model
+    draft, the n-gram draft and the auto draft."""
+    return run_benchmark(tiny_config(), models=tiny_models(), timings=FAKE_TIMINGS, log=None)
 
 
 def test_every_configuration_and_field(tiny_result):
@@ -76,7 +85,17 @@ def test_every_configuration_and_field(tiny_result):
             assert row["accepted_drafts"] + row["corrections"] + row["bonus_tokens"] \
                 == row["output_tokens"]
             assert row["tokens_per_round"] == pytest.approx(row["output_tokens"] / row["rounds"])
-            assert 0 <= row["acceptance_rate"] <= 1
+            if row["drafted_tokens"]:  # γ = auto may choose plain steps only
+                assert 0 <= row["acceptance_rate"] <= 1
+        if exact:  # rounds per way of drafting add up to the rounds
+            assert sum(row["rounds_by_source"].values()) == row["rounds"]
+            sources = {"autoregressive": {"plain"}, "ngram": {"ngram", "plain"},
+                       "tiny-draft": {"model", "plain"}, "auto": {"ngram", "model", "plain"}}
+            assert set(row["rounds_by_source"]) <= sources[row["draft"] or row["method"]]
+            if isinstance(row["gamma"], int) and row["mean_gamma"] is not None:
+                assert 0 < row["mean_gamma"] <= row["gamma"]
+        else:
+            assert row["rounds_by_source"] is None and row["mean_gamma"] is None
         # greedy: every method gives the target's own greedy tokens
         assert row["matches_autoregressive"] is (True if row["temperature"] == 0 else None), row
     keys = {(r["method"], r["draft"], r["gamma"], r["verify"], r["temperature"], r["prompts"])
@@ -87,17 +106,20 @@ def test_every_configuration_and_field(tiny_result):
             assert ("autoregressive", None, None, None, t, kind) in keys
             assert ("hf_generate", None, None, None, t, kind) in keys
             assert ("hf_assisted", "tiny-draft", "default", None, t, kind) in keys
-            for draft in ("tiny-draft", "ngram"):
-                for gamma in (1, 3):
-                    assert ("hf_assisted", draft, gamma, None, t, kind) in keys
+            for draft in ("tiny-draft", "ngram", "auto"):
+                for gamma in (2, "auto"):
                     for verify in ("block", "token"):
                         assert ("speculative", draft, gamma, verify, t, kind) in keys
-    constant = next(r for r in rows if r["method"] == "hf_assisted" and r["gamma"] == 3
+            peers = {(r[1], r[2]) for r in keys if r[0] == "hf_assisted" and r[4:] == (t, kind)}
+            assert peers == {("tiny-draft", 2), ("tiny-draft", "default"),
+                             ("ngram", 2), ("ngram", 4), ("ngram", 10)}
+    constant = next(r for r in rows if r["method"] == "hf_assisted" and r["gamma"] == 2
                     and r["draft"] == "tiny-draft")
-    assert constant["peer_settings"]["num_assistant_tokens"] == 3
+    assert constant["peer_settings"]["num_assistant_tokens"] == 2
     assert constant["peer_settings"]["num_assistant_tokens_schedule"] == "constant"
-    lookup = next(r for r in rows if r["method"] == "hf_assisted" and r["draft"] == "ngram")
-    assert lookup["peer_settings"]["prompt_lookup_num_tokens"] == lookup["gamma"]
+    for lookup in (r for r in rows if r["method"] == "hf_assisted" and r["draft"] == "ngram"):
+        assert lookup["peer_settings"] == {"prompt_lookup_num_tokens": lookup["gamma"],
+                                           "max_matching_ngram_size": 2}  # Transformers' default
     machine = tiny_result["machine"]
     for key in ("cpu_model", "cpu_cores", "torch_version", "device"):
         assert machine[key]
@@ -117,7 +139,8 @@ def test_costmodel_uses_measured_numbers(tiny_result):
         (t, k, d) for t in (0.0, 1.0) for k in ("open", "grounded") for d in ("tiny-draft", "ngram")}
     for curve in curves:
         rows = [r for r in tiny_result["rows"] if r["method"] == "speculative"
-                and r["verify"] == "token" and (r["temperature"], r["prompts"], r["draft"])
+                and r["verify"] == "token" and r["gamma"] != "auto"
+                and (r["temperature"], r["prompts"], r["draft"])
                 == (curve["temperature"], curve["prompts"], curve["draft"])]
         accepted = sum(r["accepted_drafts"] for r in rows)
         alpha = accepted / (accepted + sum(r["corrections"] for r in rows))
@@ -139,6 +162,80 @@ def test_costmodel_uses_measured_numbers(tiny_result):
                     measured["speedup_vs_autoregressive"] / p["predicted_speedup"])
         best = max(curve["points"], key=lambda p: p["predicted_speedup"])
         assert curve["best_predicted_speedup"] == best["predicted_speedup"]
+
+
+def test_summary_compares_lookup_and_gamma_auto(tiny_result):
+    """Per (temperature, kind): the fastest n-gram/auto speculative row against the fastest
+    Transformers prompt-lookup row, and every γ = auto row (with its speedup over plain)."""
+    rows, summary = tiny_result["rows"], tiny_result["summary"]
+    assert [(s["temperature"], s["prompts"]) for s in summary] == [
+        (t, k) for t in (0.0, 1.0) for k in ("open", "grounded")]
+    for item in summary:
+        group = [r for r in rows if (r["temperature"], r["prompts"])
+                 == (item["temperature"], item["prompts"])]
+        ours = max((r for r in group if r["method"] == "speculative"
+                    and r["draft"] in ("ngram", "auto")), key=lambda r: r["tokens_per_s"])
+        peer = max((r for r in group if r["method"] == "hf_assisted" and r["draft"] == "ngram"),
+                   key=lambda r: r["tokens_per_s"])
+        assert item["best_lookup"]["tokens_per_s"] == ours["tokens_per_s"]
+        assert (item["best_hf_lookup"]["draft"], item["best_hf_lookup"]["gamma"]) \
+            == ("ngram", peer["gamma"])
+        assert item["lookup_over_hf_lookup"] == pytest.approx(
+            ours["tokens_per_s"] / peer["tokens_per_s"])
+        autos = [r for r in group if r["method"] == "speculative" and r["gamma"] == "auto"]
+        assert [(a["draft"], a["verify"], a["speedup_vs_autoregressive"])
+                for a in item["gamma_auto"]] == [
+            (r["draft"], r["verify"], r["speedup_vs_autoregressive"]) for r in autos]
+        assert len(autos) == 3 * 2  # three drafts, two rules
+
+
+def test_plan_rows():
+    config = tiny_config(drafts=["m", "ngram", "auto"], gammas=[2, "auto"], verify=["block"],
+                         temperatures=[0.0])
+    assert plan(config) == [
+        RunSpec("autoregressive", 0.0), RunSpec("hf_generate", 0.0),
+        RunSpec("speculative", 0.0, "m", 2, "block"),
+        RunSpec("speculative", 0.0, "m", "auto", "block"),
+        RunSpec("hf_assisted", 0.0, "m", 2), RunSpec("hf_assisted", 0.0, "m", "default"),
+        RunSpec("speculative", 0.0, "ngram", 2, "block"),
+        RunSpec("speculative", 0.0, "ngram", "auto", "block"),
+        RunSpec("hf_assisted", 0.0, "ngram", 2), RunSpec("hf_assisted", 0.0, "ngram", 4),
+        RunSpec("hf_assisted", 0.0, "ngram", 10),
+        RunSpec("speculative", 0.0, "auto", 2, "block"),
+        RunSpec("speculative", 0.0, "auto", "auto", "block"),  # the auto draft: no peer rows
+    ]
+    only_auto = plan(tiny_config(drafts=["m", "ngram"], gammas=["auto"], verify=["token"],
+                                 temperatures=[0.5]))
+    assert [(s.method, s.draft, s.gamma) for s in only_auto] == [
+        ("autoregressive", None, None), ("hf_generate", None, None),
+        ("speculative", "m", "auto"), ("hf_assisted", "m", "default"),
+        ("speculative", "ngram", "auto"), ("hf_assisted", "ngram", 4),
+        ("hf_assisted", "ngram", 10)]
+    assert RunSpec("speculative", 0.0, "auto", "auto", "block").label \
+        == "speculative auto γ=auto block T=0"
+
+
+def test_auto_draft_shares_the_bf16_model_loaded_once(monkeypatch):
+    import exactspec.models
+    from exactspec.drafters import AutoDrafter
+
+    models, loads = tiny_models(), []
+
+    def load(spec, device=None):
+        loads.append(spec)
+        return models[spec]
+
+    monkeypatch.setattr(exactspec.models, "load_model", load)
+    config = tiny_config(drafts=["tiny-target@bfloat16", "ngram", "auto", "auto:tiny-draft"])
+    target, drafts = load_models(config)
+    assert sorted(loads) == ["tiny-draft", "tiny-target", "tiny-target@bfloat16"]  # each once
+    assert target is models["tiny-target"] and drafts["ngram"] == "ngram"
+    assert isinstance(drafts["auto"], AutoDrafter)
+    assert drafts["auto"].model.model is drafts["tiny-target@bfloat16"].model
+    assert drafts["auto:tiny-draft"].model.model is models["tiny-draft"].model
+    assert auto_model_spec("auto", "smollm2-135m-instruct") == "smollm2-135m-instruct@bfloat16"
+    assert auto_model_spec("auto", "some-model@float16") == "some-model@bfloat16"
+    assert auto_model_spec("auto:d@float32", "t") == "d@float32"
 
 
 def test_costmodel_by_hand():
@@ -180,7 +277,11 @@ def test_measure_timings_on_tiny_models(tiny_loaded_pair):
 
     target, draft = tiny_loaded_pair
     context = torch.tensor([[1, 5, 6, 7, 5, 6, 8, 9, 10, 11]])
-    timings = measure_timings(target, {"tiny-draft": draft, "ngram": "ngram"}, context, 3)
+    from exactspec.drafters import AutoDrafter, ModelDrafter
+
+    timings = measure_timings(target, {"tiny-draft": draft, "ngram": "ngram",
+                                       "auto": AutoDrafter(ModelDrafter(draft))}, context, 3)
+    assert set(timings["drafts"]) == {"tiny-draft", "ngram"}  # an auto draft has no single cost
     assert [item["tokens"] for item in timings["target"]] == [1, 2, 3, 4]
     assert all(item["seconds"] > 0 for item in timings["target"])
     assert timings["drafts"]["tiny-draft"]["seconds_per_token"] > 0
@@ -189,7 +290,10 @@ def test_measure_timings_on_tiny_models(tiny_loaded_pair):
 
 def test_gammas_and_verify_parsing():
     assert parse_gammas("8, 1,2,4,2") == [1, 2, 4, 8]
-    for bad in ("", "1,,2", "0", "33", "two", "1.5"):
+    assert parse_gammas("auto,8,4") == [4, 8, "auto"]  # integers sorted, then auto
+    assert parse_gammas("AUTO, auto") == ["auto"]
+    assert parse_gammas("4,auto") == [4, "auto"]
+    for bad in ("", "1,,2", "0", "33", "two", "1.5", "auto,", "automatic"):
         with pytest.raises(ValueError, match="^gammas"):  # the library names the parameter
             parse_gammas(bad)
         with pytest.raises(ValueError, match="^--gammas"):  # or the option that carried it
@@ -202,7 +306,9 @@ def test_gammas_and_verify_parsing():
 
 
 def test_config_check_names_the_parameter():
+    assert tiny_config(gammas=["auto"]).check().gammas == ["auto"]
     for overrides, message in (({"gammas": [0]}, r"^gammas must be integers in \[1, 32\]"),
+                               ({"gammas": [4, "fast"]}, r"^gammas .* or 'auto', got \[4, 'fast'\]"),
                                ({"drafts": []}, r"^drafts needs at least one draft"),
                                ({"repeats": 0}, r"^repeats must be an integer >= 1, got 0"),
                                ({"top_p": 1.5}, r"^top_p must be in \(0, 1\], got 1.5")):
@@ -219,7 +325,7 @@ def test_load_prompts(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--gammas", "1,x"], r"--gammas: each γ must be an integer in \[1, 32\], got 'x'"),
+    (["--gammas", "1,x"], r"--gammas: each γ must be an integer in \[1, 32\] or 'auto', got 'x'"),
     (["--gammas", "0,2"], r"--gammas"),
     (["--gammas", ""], r"--gammas must be a comma-separated list"),
     (["--verify", "fast"], r"--verify"),
@@ -259,6 +365,14 @@ def test_missing_output_folder_refused_before_running(tmp_path, capsys):
     assert "--json: the folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--gammas", "auto"], ["--draft", "auto", "--gammas", "4"]])
+def test_plot_without_curves_refused_before_running(argv, tmp_path, capsys):
+    """γ = auto rows and auto-draft rows have no cost-model curve: --plot needs another row."""
+    assert main(["bench", *argv, "--plot", str(tmp_path / "c.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--plot needs an integer γ" in err
+
+
 def test_cli_end_to_end_on_tiny_models(tiny_loaded_pair, tmp_path, capsys, monkeypatch):
     """The whole command, with the model loader pointed at the tiny pair."""
     target, draft = tiny_loaded_pair
@@ -269,15 +383,23 @@ def test_cli_end_to_end_on_tiny_models(tiny_loaded_pair, tmp_path, capsys, monke
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "w1 w2 w3 w1 w2", "kind": "grounded"}\n')
     out, plot = tmp_path / "r.json", tmp_path / "r.png"
-    code = main(["bench", "--target", "tiny-target", "--draft", "tiny-draft", "ngram",
-                 "--gammas", "2", "--prompts", str(prompts), "--max-new-tokens", "5",
+    code = main(["bench", "--target", "tiny-target", "--draft", "tiny-draft", "NGRAM",
+                 "Auto:tiny-draft", "--gammas", "auto,2", "--prompts", str(prompts),
+                 "--max-new-tokens", "5",
                  "--temperature", "0", "--repeats", "1", "--warmup", "0", "--verify", "token",
                  "--json", str(out), "--plot", str(plot), "--quiet"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     result = json.loads(out.read_text())
     assert result["config"]["prompts_source"] == str(prompts)
+    assert result["config"]["drafts"] == ["tiny-draft", "ngram", "auto:tiny-draft"]
+    assert result["config"]["gammas"] == [2, "auto"]
+    assert {(r["draft"], r["gamma"]) for r in result["rows"] if r["method"] == "speculative"} \
+        == {(d, g) for d in ("tiny-draft", "ngram", "auto:tiny-draft") for g in (2, "auto")}
+    assert {c["draft"] for c in result["costmodel"]["curves"]} == {"tiny-draft", "ngram"}
     assert plot.exists()
     assert "T = 0, grounded prompts" in captured.out and "recommended γ" in captured.out
+    assert "T = 0, grounded: best lookup speculative" in captured.out
+    assert "γ=auto vs autoregressive: tiny-draft token" in captured.out
     assert captured.err == ""
     assert all(math.isfinite(r["tokens_per_s"]) for r in result["rows"])

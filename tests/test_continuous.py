@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from conftest import ALPHA, chi_square_pvalue
-from exactspec.batching import RowSettings
-from exactspec.drafters import ModelDrafter, NGramDrafter, NoDraft
+from exactspec.batching import AutoGamma, RowSettings
+from exactspec.controller import AUTO, GammaController
+from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter, NoDraft
 from exactspec.engine import Decoder, pad_prompts
 from exactspec.sampling import SamplingConfig
 from test_decoding import NGRAM_PROMPT, hf_greedy, target_joint
@@ -86,6 +87,34 @@ def test_seed_reproduces_a_row_whatever_shares_the_batch(tiny_pair, kind):
     assert len(alone.rows.new[0]) == 24
 
 
+FILLERS = [RowSettings(max_new_tokens=2, temperature=0), RowSettings(max_new_tokens=12, temperature=1.5, gamma=4),
+           RowSettings(max_new_tokens=30, temperature=0.7, top_k=3, gamma=1)]
+
+
+def sample_joining_rows(target, make_drafter, prompt, mine, step):
+    """100 batches: 12 rows of settings `mine(seed)` (3 new tokens each) join a running batch of
+    FILLERS, 6 after the first round and 6 after the second, beside rows that leave early, late or
+    are cancelled; `step(decoder)` runs a round. Returns the counts of the joined rows' first 2
+    tokens and their accepted drafts."""
+    counts, accepted = {}, 0
+    for batch in range(100):
+        settings = [mine(batch * 12 + i) for i in range(12)]
+        decoder = start(target, make_drafter(), PROMPTS[:3], FILLERS)
+        step(decoder)
+        rows = join(decoder, [prompt] * 6, settings[:6])
+        step(decoder)
+        decoder.cancel([2])
+        rows += join(decoder, [prompt] * 6, settings[6:])
+        while not decoder.done:
+            step(decoder)
+        for row in rows:
+            key = tuple(decoder.rows.new[row][:2])
+            counts[key] = counts.get(key, 0) + 1
+            accepted += decoder.rows.stats[row].accepted_drafts
+    assert sum(counts.values()) == 1200
+    return counts, accepted
+
+
 @pytest.mark.parametrize("kind, settings, verify", [("model", dict(temperature=1.0), "block"),
                                                     ("model", dict(temperature=1.2, top_p=0.8), "token"),
                                                     ("ngram", dict(temperature=0.5, top_k=6), "block")],
@@ -99,24 +128,55 @@ def test_rows_joining_and_leaving_stay_exact(tiny_pair, kind, settings, verify):
     target, draft = tiny_pair
     prompt = NGRAM_PROMPT if kind == "ngram" else PROMPTS[4]
     joint = target_joint(target, prompt, 2, SamplingConfig(**settings))
-    fillers = [RowSettings(max_new_tokens=2, temperature=0), RowSettings(max_new_tokens=12, temperature=1.5, gamma=4),
-               RowSettings(max_new_tokens=30, temperature=0.7, top_k=3, gamma=1)]
-    counts, accepted, rows = {}, 0, []
-    for batch in range(100):
-        mine = [RowSettings(max_new_tokens=3, seed=batch * 12 + i, gamma=2, verify=verify, **settings)
-                for i in range(12)]
-        decoder = start(target, drafters(draft)[kind](), PROMPTS[:3], fillers)
-        decoder.step(4)
-        rows = join(decoder, [prompt] * 6, mine[:6])
-        decoder.step(4)
-        decoder.cancel([2])
-        rows += join(decoder, [prompt] * 6, mine[6:])
-        while not decoder.done:
-            decoder.step(4)
-        for row in rows:
-            key = tuple(decoder.rows.new[row][:2])
-            counts[key] = counts.get(key, 0) + 1
-            accepted += decoder.rows.stats[row].accepted_drafts
-    assert sum(counts.values()) == 1200
+    mine = lambda seed: RowSettings(max_new_tokens=3, seed=seed, gamma=2, verify=verify, **settings)
+    counts, accepted = sample_joining_rows(target, drafters(draft)[kind], prompt, mine,
+                                           lambda decoder: decoder.step(4))
     assert accepted > 100  # drafts were really kept: the accept and correction paths both ran
     assert chi_square_pvalue(counts, joint) > ALPHA
+
+
+class FlatCosts(GammaController):
+    """Measured timings replaced by a nearly flat T(k): drafting pays, so γ follows acceptance
+    (the tiny draft costs about what the tiny target does, so real timings mostly choose 0)."""
+
+    def target_seconds(self, k: int) -> float:
+        return 1.0 + 0.05 * k
+
+
+class RecordingAutoGamma(AutoGamma):
+    """The server's AutoGamma, recording the γ it gave the "auto" rows in each round."""
+
+    def __init__(self, controller_type):
+        super().__init__(controller_type)
+        self.chosen = []
+
+    def step(self, decoder):
+        report = super().step(decoder)
+        self.chosen.append(decoder.per_row.auto_gamma)
+        return report
+
+
+@pytest.mark.parametrize("kind, costs, settings, verify", [
+    ("auto", GammaController, dict(temperature=1.0), "block"),
+    ("auto", FlatCosts, dict(temperature=0.9, top_p=0.9), "block"),
+    ("model", FlatCosts, dict(temperature=0.8, top_k=10), "token")],
+    ids=["auto-measured-T1-block", "auto-flat-topp-block", "model-flat-topk-token"])
+def test_rows_with_gamma_auto_stay_exact(tiny_pair, kind, costs, settings, verify):
+    """The same whole-generation test with the joined rows' gamma "auto": each round's γ comes
+    from the server's `AutoGamma` (timings per batch size, acceptance shared by the rows that come
+    and go; the fillers keep their fixed γ), and with the auto draft the batch switches between
+    prompt lookup and the model draft. With measured timings γ is mostly 0 on these tiny models;
+    with flat costs it follows acceptance. Chi-square of the first 2 tokens against the target's
+    exact joint, false-failure rate α = 1e-6 per case. The γ path follows timings, so runs may
+    differ, but every path gives an exact sample: the test holds whichever is taken."""
+    target, draft = tiny_pair
+    prompt = NGRAM_PROMPT if kind == "auto" else PROMPTS[4]
+    joint = target_joint(target, prompt, 2, SamplingConfig(**settings))
+    make = (lambda: AutoDrafter(ModelDrafter(draft))) if kind == "auto" else drafters(draft)[kind]
+    mine = lambda seed: RowSettings(max_new_tokens=3, seed=seed, gamma=AUTO, verify=verify, **settings)
+    driver = RecordingAutoGamma(costs)
+    counts, accepted = sample_joining_rows(target, make, prompt, mine, driver.step)
+    assert chi_square_pvalue(counts, joint) > ALPHA
+    assert len(set(driver.chosen)) > 1  # γ changed from round to round
+    if costs is FlatCosts:
+        assert accepted > 100 and max(driver.chosen) >= 2

@@ -204,7 +204,10 @@ def test_ngram_drafter_proposes_earlier_continuation(rule, expected):
     index = SuffixIndex([4, 5, 6, 7, 8, 4, 5, 6, 9, 4, 5, 6], max_n=3)
     assert drafter.lookup(index, 3) == expected  # the longest suffix, [4, 5, 6], matched earlier
     assert drafter.lookup(SuffixIndex([1, 2, 3], 3), 3) == []
-    assert drafter.lookup(SuffixIndex([3, 1, 2, 3], 3), 5) == [1, 2, 3]
+    assert drafter.lookup(SuffixIndex([3, 1, 2, 3], 3), 5) == [1, 2]  # a 1-token match: 2 drafts
+    kept = SuffixIndex([3, 1, 2, 3], 3)
+    kept.kept_all = True  # after a lookup the row kept whole, twice as long
+    assert drafter.lookup(kept, 5) == [1, 2, 3]
 
 
 def test_suffix_index_matches_brute_force_as_it_grows():

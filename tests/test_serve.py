@@ -69,6 +69,18 @@ def server(tiny_folders):  # noqa: F811
     srv.close()
 
 
+@pytest.fixture(scope="module")
+def auto_server(tiny_folders):  # noqa: F811
+    """The server with its defaults: --draft auto (prompt lookup, else a bfloat16 copy of the
+    target) and --gamma auto (one controller for the running batch)."""
+    target, _ = tiny_folders
+    config = ServeConfig(target=target, model_name="tiny")
+    assert (config.draft, config.gamma) == ("auto", "auto")
+    srv = Server(config)
+    yield srv
+    srv.close()
+
+
 def generate_cli(capsys, target, draft, prompt, *flags):
     assert main(["generate", prompt, "--target", target, "--draft", draft, "--json",
                  "--temperature", "0", "--max-new-tokens", "12", *flags]) == 0
@@ -99,6 +111,34 @@ def test_greedy_completions_equal_generate(server, tiny_folders, capsys):  # noq
     assert set(spec) == {"num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens",
                          "draft_acceptance_rate", "mean_acceptance_length"}
     assert spec["num_draft_tokens"] >= spec["num_accepted_draft_tokens"] > 0
+
+
+def test_defaults_are_auto_like_generate():
+    from exactspec.cli.main import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    assert (args.draft, args.gamma) == ("auto", "auto")
+
+
+def test_default_auto_greedy_equals_plain_decoding(auto_server, tiny_folders, capsys):  # noqa: F811
+    """With --draft auto --gamma auto, greedy requests sent together (sharing the batch, joining
+    it as they arrive) equal plain decoding of each prompt alone; prompts that repeat themselves
+    give prompt lookup something to draft. A request with an integer gamma, or gamma "auto", too."""
+    target, _ = tiny_folders
+    prompts = [PROMPT, "w5 w9 w5 w9 w5 w9 w5", "w1 w2 w3 w1 w2 w3 w1", "w8", "w4 w4 w4 w4", "w6 w2"]
+    gammas = [None, None, 3, None, "auto", 0]
+    call = lambda args: auto_server.client.completions.create(
+        model="tiny", prompt=args[0], max_tokens=12, temperature=0,
+        extra_body=None if args[1] is None else {"gamma": args[1]})
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(call, zip(prompts, gammas)))
+    for prompt, result in zip(prompts, results):
+        assert result.choices[0].text == generate_cli(capsys, target, "none", prompt, "--no-chat")
+    drafted = sum(r.model_extra["metrics"]["speculative_decoding"]["num_draft_tokens"] for r in results)
+    assert drafted > 0
+    chat = auto_server.client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=12, temperature=0)
+    assert chat.choices[0].message.content == generate_cli(capsys, target, "none", PROMPT, "--chat")
 
 
 def test_stream_arrives_in_chunks_and_matches(server):
@@ -173,6 +213,7 @@ def test_disconnect_frees_the_row(server, monkeypatch):
     ({"prompt": PROMPT, "suffix": "x"}, 400, "suffix"),
     ({"prompt": " ".join(["w1"] * 200)}, 400, "prompt"),
     ({"prompt": PROMPT, "max_tokens": 500}, 400, "prompt"),
+    ({"prompt": PROMPT, "gamma": "fast"}, 400, "gamma"),
 ])
 def test_bad_requests_get_openai_errors(server, body, status, param):
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
@@ -263,7 +304,7 @@ def test_bundled_model_greedy_chat_equals_generate(capsys):
         load_model(BUNDLED_MODEL)
     except BundledModelMissing as err:
         pytest.skip(str(err))
-    srv = Server(ServeConfig(target=BUNDLED_MODEL, draft="smollm2-135m-instruct@bfloat16"))
+    srv = Server(ServeConfig(target=BUNDLED_MODEL))  # the defaults: --draft auto --gamma auto
     try:
         question = "What is the capital of France?"
         reply = srv.client.chat.completions.create(

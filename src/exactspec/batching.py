@@ -1,6 +1,8 @@
 """Continuous batching's per-row state: each row's own settings and random streams (rule 8).
 
 A row (one request) owns its temperature, top-k, top-p, seed, γ, verification rule and budget.
+Its γ is a fixed integer, or "auto": then each round's γ comes from `AutoGamma` (one
+`GammaController` for the batch, past-only), capped by the row's own budget like a fixed γ.
 Its random draws come from its own streams, keyed by (seed, tokens it has emitted, purpose):
 each round starts a fresh stream for drafting and one for verifying, so how many uniforms the
 other rows — or a longer block drafted for them — consume never shifts this row's draws. Its
@@ -18,33 +20,50 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.cache import CachedModel
+from exactspec.controller import AUTO, MAX_GAMMA, GammaController
 from exactspec.sampling import RowSampling, SamplingConfig, check_sampling_args
 from exactspec.verify import VERIFY_RULES, BlockResult, verify_block, verify_rows
 
-MAX_GAMMA = 32
 _MASK = (1 << 64) - 1
 DRAFT, VERIFY = 1, 2  # the purposes of a row's per-round streams
 
 
+def left_pad(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+    """Prompts as left-padded rows: (ids[B, L], valid[B, L]); right padding is moved left."""
+    if attention_mask is None:
+        return input_ids, torch.ones_like(input_ids, dtype=torch.bool)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
+                         f"got {tuple(attention_mask.shape)}")
+    valid = attention_mask.to(input_ids.device).bool()
+    if not valid.any(dim=1).all():
+        raise ValueError("the prompt is empty: a row of attention_mask has no tokens")
+    order = torch.argsort(valid.long(), dim=1, stable=True)  # [B, L], padding first
+    return input_ids.gather(1, order), valid.gather(1, order)
+
+
 @dataclass(frozen=True)
 class RowSettings:
-    """One row's decoding settings. gamma 0 decodes that row plainly (one token per round)."""
+    """One row's decoding settings. gamma 0 decodes that row plainly (one token per round);
+    gamma "auto" takes the γ the batch's controller chooses each round."""
 
     max_new_tokens: int
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
-    gamma: int = 4
+    gamma: int | str = 4
     verify: str = "block"
 
     def __post_init__(self):
         check_sampling_args(self.temperature, self.top_k, self.top_p)
-        for name, value, low, high in (("max_new_tokens", self.max_new_tokens, 1, None),
-                                       ("gamma", self.gamma, 0, MAX_GAMMA)):
+        checked = [("max_new_tokens", self.max_new_tokens, 1, None)]
+        if self.gamma != AUTO:
+            checked.append(("gamma", self.gamma, 0, MAX_GAMMA))
+        for name, value, low, high in checked:
             if isinstance(value, bool) or not isinstance(value, int) or value < low or (
                     high is not None and value > high):
-                where = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                where = f"in [{low}, {high}] or 'auto'" if high is not None else f">= {low}"
                 raise ValueError(f"{name} must be an integer {where}, got {value!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
@@ -71,6 +90,8 @@ class PerRow:
 
     def __init__(self, settings, device: torch.device):
         self.device = device
+        self.auto_gamma = 0  # this round's γ for the rows whose gamma is "auto"
+        self.drafted: list[int] = []  # the drafts each row verified in the last round
         self.settings: list[RowSettings] = []
         self.seeds: list[int] = []
         self.join(settings)
@@ -91,7 +112,8 @@ class PerRow:
 
     def gammas(self, emitted: list[int]) -> list[int]:
         """γ_b = min(γ, budget left − 1): no row drafts past its own budget."""
-        return [max(0, min(row.gamma, row.max_new_tokens - n - 1))
+        return [max(0, min(self.auto_gamma if row.gamma == AUTO else row.gamma,
+                           row.max_new_tokens - n - 1))
                 for row, n in zip(self.settings, emitted)]
 
     def generators(self, purpose: int, emitted: list[int]) -> list[torch.Generator]:
@@ -119,8 +141,9 @@ class ContinuousBatching:
     """The `Decoder`'s continuous-batching half (mixed into `exactspec.engine.Decoder`).
 
     Without `use_row_settings` the Decoder runs as always: one SamplingConfig, one generator,
-    one γ and rule for every row. With it, every row decodes with its own `RowSettings` (the γ
-    passed to `step` is then ignored: each row drafts its own γ_b), rows may `join` at a round
+    one γ and rule for every row. With it, every row decodes with its own `RowSettings` (each
+    row drafts its own γ_b; the γ passed to `step` is the γ of the rows whose gamma is "auto",
+    see `AutoGamma`), rows may `join` at a round
     boundary and be `cancel`led between rounds.
 
     Joining: a new row's prompt minus its last token is prefilled on its own and merged into the
@@ -144,13 +167,12 @@ class ContinuousBatching:
     def join(self, input_ids: torch.Tensor, attention_mask, settings) -> list[int]:
         """Add rows (prompts [n, L], left or right padded) at a round boundary; returns their row
         indices (as `on_tokens` and `rows.new` number them)."""
-        from exactspec.engine import _left_pad  # the engine imports this module
 
         if self.per_row is None or self.rounds == 0 or self.done:
             raise RuntimeError("join needs a running per-row Decoder after its first round")
         if not hasattr(self.drafter, "join"):
             raise ValueError(f"drafter {self.drafter.name!r} cannot take rows joining a batch")
-        ids, valid = (t.to(self.lm.device) for t in _left_pad(input_ids, attention_mask))
+        ids, valid = (t.to(self.lm.device) for t in left_pad(input_ids, attention_mask))
         settings = list(settings)
         if len(settings) != ids.size(0):
             raise ValueError(f"settings must give one RowSettings per new row ({ids.size(0)}), "
@@ -180,6 +202,7 @@ class ContinuousBatching:
         """The round's block: γ capped by the longest budget left, or the largest γ_b per row."""
         if self.per_row is None:
             return min(gamma, self.rows.budget_left() - 1)
+        self.per_row.auto_gamma = gamma
         return max(self.per_row.gammas(self._emitted()))
 
     def _stream(self, purpose: int):
@@ -197,4 +220,50 @@ class ContinuousBatching:
         """Drafts each row proposed this round: the block, or each row's own."""
         if self.per_row is None:
             return drafts.size(1)
-        return self.per_row.lengths(proposal, self._emitted())
+        self.per_row.drafted = self.per_row.lengths(proposal, self._emitted())
+        return self.per_row.drafted
+
+
+ACCEPTANCE_WINDOW = 512  # drafts and rejections per source after which older ones weigh half
+
+
+class AutoGamma:
+    """Drives a per-row `Decoder` round by round with the γ of a `GammaController` for the rows
+    whose gamma is "auto" (rows with a fixed γ keep theirs; every row is capped by its budget).
+
+    One controller for the running batch: the acceptance it has seen, per draft source, is shared
+    by whatever rows come and go, counted over a sliding window (past ACCEPTANCE_WINDOW the old
+    counts are halved) so it follows the traffic; the timings T(k) and the draft's cost are kept
+    per batch size (a pass over 8 rows costs more than over 1) and for the process, as in
+    `exactspec.engine`. Each round's γ comes from rounds already run (the past-only rule), so
+    every round stays an exact sample of the next tokens; which γ that is follows measured
+    timings, so a seeded request under "auto" is exact but not bit-reproducible."""
+
+    def __init__(self, controller_type=GammaController):
+        self.controller_type = controller_type
+        self.acceptance: dict = {}
+        self.controllers: dict[tuple, GammaController] = {}
+
+    def controller(self, decoder) -> GammaController:
+        """The controller for the decoder's target, drafter and batch size now."""
+        target_key = (id(decoder.lm.model), decoder.rows.active.numel())
+        key = (*target_key, decoder.drafter.name)
+        if key not in self.controllers:
+            controller = self.controller_type.shared(target_key, key)
+            controller.acceptance = self.acceptance
+            self.controllers[key] = controller
+        return self.controllers[key]
+
+    def step(self, decoder):
+        """One round of `decoder`; returns its `Round` report, after the controller learned from it."""
+        drafter, per_row = decoder.drafter, decoder.per_row
+        source = drafter.next_source()
+        controller = self.controller(decoder)
+        auto = any(row.gamma == AUTO for row in per_row.settings)
+        report = decoder.step(controller.choose(source) if auto else 0)
+        controller.observe(source, per_row.drafted, report.num_accepted, report.target_tokens,
+                           report.draft_seconds, report.target_seconds, report.draft_calls)
+        for stats in self.acceptance.values():
+            if stats.accepted + stats.rejected > ACCEPTANCE_WINDOW:
+                stats.accepted, stats.rejected = stats.accepted // 2, stats.rejected // 2
+        return report

@@ -90,12 +90,15 @@ class CachedModel:
 
     def _check_finite(self, logits: torch.Tensor, valid: torch.Tensor,
                       positions: torch.Tensor) -> None:
-        """No silent NaN (the numerics rule): NaN or +inf logits raise an error naming the model and the position."""
-        bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) & valid  # [B, n]
-        if bad.any():
-            row, col = bad.nonzero()[0].tolist()
-            raise ValueError(f"model {self.name!r} produced NaN or +inf logits at position "
-                             f"{int(positions[row, col])}" + (f" of row {row}" if bad.size(0) > 1 else ""))
+        """No silent NaN (the no-floors rule): NaN or +inf logits, or -inf everywhere (no token
+        possible), raise an error naming the model and the position."""
+        nan = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) & valid  # [B, n]
+        empty = torch.isneginf(logits).all(dim=-1) & valid  # [B, n]
+        for bad, what in ((nan, "NaN or +inf logits"), (empty, "-inf logits for every token")):
+            if bad.any():
+                row, col = bad.nonzero()[0].tolist()
+                raise ValueError(f"model {self.name!r} produced {what} at position "
+                                 f"{int(positions[row, col])}" + (f" of row {row}" if bad.size(0) > 1 else ""))
 
     def discard_last(self, counts: torch.Tensor) -> None:
         """Make the last counts[b] columns of row b holes (drafts scored under a prefix that was

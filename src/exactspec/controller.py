@@ -7,6 +7,11 @@ The controller keeps, from rounds already run (the past-only rule, so the output
 - α per source: kept drafts / (kept drafts + rejections) in this generation, the geometric
   model's estimate, starting from a uniform prior.
 
+Timings are noisy upward only (a busy machine, a first call's one-time set-up, a draft model
+catching up on a long prompt), so each estimate is the smallest of its last few samples, a
+k-token pass slower than k one-token passes is set aside as an outlier, and the draft's cost
+is per forward pass of its model (a catch-up pass counts once).
+
 It picks γ in 0..max_gamma maximizing E[N](α, γ) / (γ · c_draft + T(γ + 1)), where
 E[N] = Σ_{k=0..γ} α^k and γ = 0 is a plain step (one token per T(1)).
 
@@ -21,21 +26,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 AUTO = "auto"
-AUTO_MAX_GAMMA = 16
+MAX_GAMMA = 32  # the longest block anyone may ask for
+AUTO_MAX_GAMMA = 16  # the longest the controller chooses
 START_GAMMA = 2  # a source's first round, before its cost is known
-_SMOOTHING = 0.25  # weight of the newest timing in a running mean
+_RECENT = 8  # an estimate is the smallest of this many latest samples
 _PRIOR_SLOPE = 0.2  # extra cost per token, as a share of T(k), until two pass sizes are seen
 _FIRST_PROBE, _LAST_PROBE, _REFRESH_PROBE = 4, 32, 64
 
-_TARGET_SECONDS: dict[object, dict[int, float]] = {}  # past generations' T(k), by target
-_DRAFT_SECONDS: dict[object, dict[str, float]] = {}  # and draft seconds per token, by drafter
+_TARGET_SECONDS: dict[object, dict[int, list[float]]] = {}  # past generations' T(k) samples
+_DRAFT_SECONDS: dict[object, dict[str, list[float]]] = {}  # and draft samples, by drafter
 
 
-def _smooth(old: float | None, new: float) -> float:
-    return new if old is None else (1 - _SMOOTHING) * old + _SMOOTHING * new
+def _record(samples: dict, key, seconds: float) -> None:
+    recent = samples.setdefault(key, [])
+    recent.append(seconds)
+    del recent[:-_RECENT]
 
 
 @dataclass
@@ -56,8 +62,8 @@ class GammaController:
     """Chooses γ per round from past timings and acceptances (see the module docstring)."""
 
     max_gamma: int = AUTO_MAX_GAMMA
-    target: dict[int, float] = field(default_factory=dict)  # k → seconds of a k-token pass
-    draft: dict[str, float] = field(default_factory=dict)  # source → seconds per draft token
+    target: dict[int, list[float]] = field(default_factory=dict)  # k → seconds of k-token passes
+    draft: dict[str, list[float]] = field(default_factory=dict)  # source → seconds per draft token
     acceptance: dict[str, _Acceptance] = field(default_factory=dict)
 
     @classmethod
@@ -66,18 +72,24 @@ class GammaController:
         return cls(target=_TARGET_SECONDS.setdefault(target_key, {}),
                    draft=_DRAFT_SECONDS.setdefault(drafter_key, {}))
 
-    def observe(self, source: str, drafted: int, num_accepted: torch.Tensor, target_tokens: int,
-                draft_seconds: float, target_seconds: float) -> None:
-        """Learn from one finished round (its timings and each row's τ)."""
+    def observe(self, source: str, drafted: int | list[int], num_accepted, target_tokens: int,
+                draft_seconds: float, target_seconds: float, draft_calls: int = 0) -> None:
+        """Learn from one finished round: its timings, the draft model's forward passes (0 for a
+        drafter without a model) and each row's τ, num_accepted[B].
+        drafted: the drafts of every row, or a list of each row's own (rows of a continuous batch
+        differ); a row that drafted nothing in a round that drafted (no lookup match, its
+        budget's last token) counts as a rejection: it got the one token of a plain step."""
         if target_tokens > 0:
-            self.target[target_tokens] = _smooth(self.target.get(target_tokens), target_seconds)
-        if drafted == 0 or source == "none":
-            return
-        self.draft[source] = _smooth(self.draft.get(source), draft_seconds / drafted)
+            _record(self.target, target_tokens, target_seconds)
         kept = num_accepted.tolist()
+        per_row = [drafted] * len(kept) if isinstance(drafted, int) else list(drafted)
+        width = max(per_row, default=0)
+        if width == 0 or source == "none":
+            return
+        _record(self.draft, source, draft_seconds / (draft_calls or width))
         stats = self.acceptance.setdefault(source, _Acceptance())
-        stats.accepted += sum(kept)
-        stats.rejected += sum(1 for tau in kept if tau < drafted)
+        stats.accepted += sum(min(tau, n) for tau, n in zip(kept, per_row))
+        stats.rejected += sum(1 for tau, n in zip(kept, per_row) if tau < n or n == 0)
 
     def choose(self, source: str) -> int:
         """The γ for the next round when `source` drafts it."""
@@ -104,17 +116,25 @@ class GammaController:
     def rate(self, source: str, alpha: float, gamma: int) -> float:
         """Expected output tokens per second of a round with γ drafts."""
         tokens = sum(alpha ** k for k in range(gamma + 1))  # E[N]
-        return tokens / (gamma * self.draft[source] + self.target_seconds(gamma + 1))
+        return tokens / (gamma * min(self.draft[source]) + self.target_seconds(gamma + 1))
 
     def target_seconds(self, k: int) -> float:
-        """T(k): measured when k was seen, else a least-squares line through the k seen."""
-        if k in self.target:
-            return self.target[k]
-        sizes = sorted(self.target)
-        if len(sizes) == 1:
-            return self.target[sizes[0]] * (1 + _PRIOR_SLOPE * (k - sizes[0]))
-        mean_k = sum(sizes) / len(sizes)
-        mean_t = sum(self.target.values()) / len(sizes)
-        slope = (sum((s - mean_k) * (self.target[s] - mean_t) for s in sizes)
-                 / sum((s - mean_k) ** 2 for s in sizes))
-        return max(mean_t + max(slope, 0.0) * (k - mean_k), min(self.target.values()))
+        """T(k): measured when k was seen, else a least-squares line through the k seen. A size
+        whose pass took longer than k one-token passes is set aside as an outlier (a first
+        call's set-up, a busy moment) until it is measured again within that bound."""
+        seen = {size: min(samples) for size, samples in self.target.items()}
+        if 1 in seen:
+            seen = {size: t for size, t in seen.items() if t <= size * seen[1]}
+        return seen[k] if k in seen else max(_line(seen, k), min(seen.values()))
+
+
+def _line(seen: dict[int, float], k: int) -> float:
+    """A straight line through (size, seconds) at size k; one point gets a prior slope."""
+    sizes = sorted(seen)
+    if len(sizes) == 1:
+        return seen[sizes[0]] * (1 + _PRIOR_SLOPE * (k - sizes[0]))
+    mean_k = sum(sizes) / len(sizes)
+    mean_t = sum(seen.values()) / len(sizes)
+    slope = (sum((s - mean_k) * (seen[s] - mean_t) for s in sizes)
+             / sum((s - mean_k) ** 2 for s in sizes))
+    return mean_t + max(slope, 0.0) * (k - mean_k)

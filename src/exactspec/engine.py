@@ -21,15 +21,14 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from exactspec.batching import DRAFT, ContinuousBatching
+from exactspec.batching import DRAFT, ContinuousBatching, left_pad
 from exactspec.cache import CachedModel
-from exactspec.controller import AUTO, GammaController
+from exactspec.controller import AUTO, MAX_GAMMA, GammaController
 from exactspec.drafters import Drafter, make_drafter
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.sampling import SamplingConfig
 from exactspec.verify import VERIFY_RULES, verify_block
 
-MAX_GAMMA = 32
 
 
 @dataclass
@@ -139,20 +138,6 @@ def pad_prompts(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor
     for row, prompt in enumerate(prompts):
         ids[row, width - len(prompt):], mask[row, width - len(prompt):] = prompt, 1
     return ids, mask
-
-
-def _left_pad(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
-    """Prompts as left-padded rows: (ids[B, L], valid[B, L]); right padding is moved left."""
-    if attention_mask is None:
-        return input_ids, torch.ones_like(input_ids, dtype=torch.bool)
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
-                         f"got {tuple(attention_mask.shape)}")
-    valid = attention_mask.to(input_ids.device).bool()
-    if not valid.any(dim=1).all():
-        raise ValueError("the prompt is empty: a row of attention_mask has no tokens")
-    order = torch.argsort(valid.long(), dim=1, stable=True)  # [B, L], padding first
-    return input_ids.gather(1, order), valid.gather(1, order)
 
 
 class _Clock:
@@ -271,6 +256,7 @@ class Round:
     target_tokens: int
     draft_seconds: float
     target_seconds: float
+    draft_calls: int = 0  # forward passes of the draft's own model in this round
 
 
 class Decoder(ContinuousBatching):
@@ -281,7 +267,7 @@ class Decoder(ContinuousBatching):
     def __init__(self, target, drafter: Drafter, input_ids, attention_mask, *, max_new_tokens: int,
                  sampling: SamplingConfig, seed, eos_token_id, verify: str, on_tokens):
         model, tokenizer, name = unwrap_model(target, "target")
-        ids, valid = _left_pad(input_ids, attention_mask)
+        ids, valid = left_pad(input_ids, attention_mask)
         check_context(model, name, ids.size(1) + max_new_tokens)
         vocab = drafter.bind((model, tokenizer), ids.size(1) + max_new_tokens)
         self.lm = CachedModel(model, name, vocab, ids.size(0))
@@ -312,7 +298,8 @@ class Decoder(ContinuousBatching):
         # 2. score: one target pass over the last committed token and the drafts
         p = sampling.probs(self.scorer.score(self.last, drafts), drafts=drafts)  # [b, γ'+1, V]
         report = Round(drafts.size(1), None, (lm.tokens_fed - fed_before) // drafts.size(0),
-                       drafted_at - started, self.clock.read() - drafted_at)
+                       drafted_at - started, self.clock.read() - drafted_at,
+                       drafter.calls - calls_before[1])
         # 3. verify: keep a prefix of the drafts, then one correction or bonus token
         result = self._verify(proposal, drafts, p)
         report.num_accepted = tau = result.num_accepted  # [b]
@@ -372,7 +359,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
         report = decoder.step(controller.choose(source) if controller else gamma)
         if controller:
             controller.observe(source, report.drafted, report.num_accepted, report.target_tokens,
-                               report.draft_seconds, report.target_seconds)
+                               report.draft_seconds, report.target_seconds, report.draft_calls)
         kind = source if report.drafted else "plain"
         by_source[kind] = by_source.get(kind, 0) + 1
     out = decoder.output()

@@ -52,6 +52,8 @@ def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     check_sampling_args(temperature, top_k, top_p)
     if torch.isnan(logits).any() or torch.isposinf(logits).any():
         raise ValueError("logits contain NaN or +inf")
+    if torch.isneginf(logits).all(dim=-1).any():
+        raise ValueError("logits: a row is -inf everywhere, so no token is possible")
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if temperature == 0:

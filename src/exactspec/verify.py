@@ -126,7 +126,9 @@ def _block_survival(draft_tokens: torch.Tensor, q: torch.Tensor | None,
     ratios = p_x / q_x  # [B, γ]
     survival = [torch.ones_like(ratios[:, 0]) if ratios.size(1) else p.new_ones(p.size(0))]
     for i in range(ratios.size(1)):
-        survival.append((survival[-1] * ratios[:, i]).clamp(max=1.0))  # [B]
+        # A dead block stays dead: 0 · inf (q(x) at the float floor makes p/q overflow) is 0.
+        alive = survival[-1] > 0  # [B]
+        survival.append(torch.where(alive, survival[-1] * ratios[:, i], 0.0).clamp(max=1.0))  # [B]
     return torch.stack(survival, dim=1)  # [B, γ+1]
 
 
@@ -176,8 +178,9 @@ def _block_stop_probs_h(draft_tokens: torch.Tensor, q: torch.Tensor | None,
     for i in range(gamma - 1, 0, -1):
         q_next = None if q is None else q[:, i]  # [B, V]
         r = _residual(p[:, i], q_next, draft_tokens[:, i], survival[:, i]).sum(-1)  # [B]
-        denominator = r + 1 - survival[:, i]  # [B]
-        h.append(torch.where(denominator > 0, r / denominator.where(denominator > 0, 1.0), 1.0))
+        denominator = r + (1 - survival[:, i])  # [B]; r + 1 first would drop r's low bits
+        ratio = r / denominator.where(denominator > 0, 1.0)  # [B]
+        h.append(torch.where(denominator > 0, ratio.clamp(0.0, 1.0), 1.0))
     return torch.stack(h[::-1], dim=1) if gamma else survival[:, :0]  # [B, γ]
 
 
@@ -187,7 +190,7 @@ def stop_distribution(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: tor
     sampling in `verify_block` is tested against).
 
     token: P(τ = k) = a_1 ··· a_k · (1 − a_{k+1}), and a_1 ··· a_γ for k = γ.
-    block: τ is the largest i with η_i ≤ h_i, so P(τ = k) = h_k · Π_{j>k} (1 − h_j), h_0 = 1.
+    block: τ is the largest i with η_i < h_i, so P(τ = k) = h_k · Π_{j>k} (1 − h_j), h_0 = 1.
     """
     _check_block_inputs(draft_tokens, q, p, verify)
     if verify == "block":
@@ -198,7 +201,7 @@ def stop_distribution(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: tor
         return h * later_rejects
     a = acceptance_probs(draft_tokens, q, p)  # [B, γ]
     survive = torch.cat([torch.ones_like(p[:, 0, :1]), a.cumprod(dim=1)], dim=1)  # [B, γ+1]
-    stop_here = torch.cat([1 - a, torch.ones_like(a[:, :1])], dim=1)  # [B, γ+1]
+    stop_here = torch.cat([1 - a, torch.ones_like(p[:, 0, :1])], dim=1)  # [B, γ+1]
     return survive * stop_here
 
 
@@ -207,14 +210,14 @@ def _sample_num_accepted(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: 
     """Draw τ per row with one uniform per draft position. [B]
 
     token: keep x_i while u_i < a_i; τ = the number kept before the first rejection.
-    block: τ = the largest i with η_i ≤ h_i (0 if none).
+    block: τ = the largest i with η_i < h_i (0 if none).
     """
     batch, gamma = draft_tokens.shape
     uniforms = draw_uniforms((batch, gamma), generator, p.dtype, p.device)  # [B, γ]
     if verify == "block" and gamma > 0:
         h = _block_stop_probs_h(draft_tokens, q, p)  # [B, γ]
         positions = torch.arange(1, gamma + 1, device=p.device)  # [γ]
-        return torch.where(uniforms <= h, positions, 0).amax(dim=1)  # [B]
+        return torch.where(uniforms < h, positions, 0).amax(dim=1)  # [B]; u < h: h = 0 never keeps
     kept = uniforms < acceptance_probs(draft_tokens, q, p)  # [B, γ]
     return kept.long().cumprod(dim=1).sum(dim=1)  # [B]
 

@@ -3,8 +3,10 @@ sizes (`exactspec bench --batch-sizes 1,4,8`).
 
 A batch of B rows takes the built-in (or given) prompts in turn, left-padded; every run of one
 (batch size, temperature) uses the same seed, and reports the median over `repeats` after
-`warmup` untimed runs. Besides tokens/s each speculative row reports what batching costs that a
-single row would not pay:
+`warmup` untimed runs. γ may be "auto" (one γ per round for the whole batch) and the drafts
+include the auto draft, as in the single-row benchmark (`run.load_models`). Besides tokens/s and
+``rounds_by_source`` (rounds per way of drafting, "plain" for rounds without drafts) each
+speculative row reports what batching costs that a single row would not pay:
 
 - ``padding_fed``: slots run through either model that were padding (a row catching up one
   token while another catches up two), as a fraction of all slots fed;
@@ -21,7 +23,7 @@ from typing import Callable
 import torch
 
 from exactspec.bench.config import BenchConfig
-from exactspec.bench.report import machine_info
+from exactspec.bench.report import machine_info, ordered_sources
 from exactspec.bench.run import load_models
 from exactspec.engine import autoregressive_generate, pad_prompts, speculative_generate
 from exactspec.models import encode_prompt
@@ -47,7 +49,7 @@ def _timed(generate: Callable, repeats: int, warmup: int) -> tuple[float, object
 def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: list[int],
                      log: Callable[[str], None] = lambda _m: None) -> list[dict]:
     """One row per (batch size, temperature, method, draft, γ, verify): total output tokens/s and
-    its ratio to plain decoding at the same batch size."""
+    its ratio to plain decoding at the same batch size. drafts: as `run.load_models` makes them."""
     prompt_ids = [encode_prompt(target, p.text) for p in config.prompts]
     rows = []
     for batch_size in batch_sizes:
@@ -80,7 +82,8 @@ def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: lis
                                      "padding_fed": out.stats.padding_fed
                                      / (out.stats.target_tokens_fed + out.stats.draft_tokens_fed
                                         + out.stats.padding_fed),
-                                     "hole_fraction": out.stats.hole_fraction})
+                                     "hole_fraction": out.stats.hole_fraction,
+                                     "rounds_by_source": ordered_sources(out.rounds_by_source)})
     return rows
 
 

@@ -5,10 +5,16 @@ decoding methods compared:
 
 - ``autoregressive``: exactspec's plain decoding of the target;
 - ``speculative``: exactspec's speculative decoding, for each draft, γ and verification rule;
+  γ is an integer or "auto" (chosen each round by the engine's `GammaController`);
 - ``hf_generate``: the target's own ``model.generate()``;
-- ``hf_assisted``: ``model.generate(assistant_model=draft)`` for a model draft (γ fixed with the
-  "constant" schedule, plus one row with Transformers' default settings, γ = "default"), and
-  ``model.generate(prompt_lookup_num_tokens=γ)`` for the n-gram draft.
+- ``hf_assisted``: ``model.generate(assistant_model=draft)`` for a model draft (each integer γ
+  fixed with the "constant" schedule, plus one row with Transformers' default settings,
+  γ = "default"), and ``model.generate(prompt_lookup_num_tokens=γ)`` for the n-gram draft, at
+  γ in `HF_LOOKUP_GAMMAS` and every integer γ benchmarked. The auto draft has no peer.
+
+The **drafts** are model specs, "ngram" (prompt lookup) and "auto" / "auto:SPEC": prompt lookup
+when the context repeats, else the model draft SPEC (for "auto", the target's bfloat16 copy,
+`auto_model_spec`).
 
 ``verify`` is the verification rule of a speculative configuration: "block" or "token".
 """
@@ -17,15 +23,16 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from exactspec.engine import MAX_GAMMA
-from exactspec.models import BUNDLED_MODEL
+from exactspec.controller import AUTO, MAX_GAMMA
+from exactspec.models import BUNDLED_MODEL, parse_model_spec
 
 METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted")
 VERIFY_ORDER = ("block", "token")  # the verification rules, in the order rows list them
 NGRAM = "ngram"
 DEFAULT_TARGET = BUNDLED_MODEL
-DEFAULT_DRAFTS = (f"{BUNDLED_MODEL}@bfloat16", NGRAM)
-DEFAULT_GAMMAS = (4,)
+DEFAULT_DRAFTS = (f"{BUNDLED_MODEL}@bfloat16", NGRAM, AUTO)
+DEFAULT_GAMMAS = (4, AUTO)
+HF_LOOKUP_GAMMAS = (4, 10)  # Transformers' prompt lookup: γ = 10 is the value its docs use
 DEFAULT_TEMPERATURES = (0.0, 0.8)
 DEFAULT_MAX_NEW_TOKENS = 32
 DEFAULT_REPEATS = 3
@@ -72,27 +79,53 @@ BUILTIN_PROMPTS: tuple[BenchPrompt, ...] = (
 )
 
 
+# --------------------------------------------------------------------------- drafts and γ
+
+
+def is_auto_draft(draft: str | None) -> bool:
+    """Whether a draft spec names the auto draft: "auto" or "auto:SPEC"."""
+    return isinstance(draft, str) and (draft == AUTO or draft.startswith(f"{AUTO}:"))
+
+
+def auto_model_spec(draft: str, target: str) -> str:
+    """The model draft of an auto draft: SPEC for "auto:SPEC", else the target's bfloat16 copy
+    (the target's name with "@bfloat16", whatever dtype the target spec names)."""
+    spec = draft[len(AUTO) + 1:] if draft.startswith(f"{AUTO}:") else ""
+    return spec or f"{parse_model_spec(target)[0]}@bfloat16"
+
+
+def fixed_gammas(gammas) -> list[int]:
+    """The integer γ of a list that may also hold "auto"."""
+    return [g for g in gammas if g != AUTO]
+
+
+def _is_gamma(gamma) -> bool:
+    if gamma == AUTO:
+        return True
+    return isinstance(gamma, int) and not isinstance(gamma, bool) and 1 <= gamma <= MAX_GAMMA
+
+
 # --------------------------------------------------------------------------- lists as text
 
 
-def parse_gammas(text: str, name: str = "gammas") -> list[int]:
-    """"1,2,4,8" → [1, 2, 4, 8] (sorted, without duplicates); a ValueError naming `name` (the
-    parameter, or the option that carried the text)."""
+def parse_gammas(text: str, name: str = "gammas") -> list[int | str]:
+    """"8,auto,1,2,4" → [1, 2, 4, 8, "auto"] (integers sorted, without duplicates, then "auto"
+    when given); a ValueError naming `name` (the parameter, or the option that carried it)."""
     items = [item.strip() for item in str(text).split(",")]
     if not all(items):
         raise ValueError(f"{name} must be a comma-separated list of integers in "
-                         f"[1, {MAX_GAMMA}], e.g. 1,2,4,8; got {text!r}")
+                         f"[1, {MAX_GAMMA}] and/or auto, e.g. 1,2,4,8,auto; got {text!r}")
     gammas = []
     for item in items:
         try:
-            gamma = int(item)
+            gamma = AUTO if item.lower() == AUTO else int(item)
         except ValueError:
             gamma = None
-        if gamma is None or not 1 <= gamma <= MAX_GAMMA:
-            raise ValueError(f"{name}: each γ must be an integer in [1, {MAX_GAMMA}], "
-                             f"got {item!r} in {text!r}")
+        if not _is_gamma(gamma):
+            raise ValueError(f"{name}: each γ must be an integer in [1, {MAX_GAMMA}] or "
+                             f"'{AUTO}', got {item!r} in {text!r}")
         gammas.append(gamma)
-    return sorted(set(gammas))
+    return sorted(set(fixed_gammas(gammas))) + ([AUTO] if AUTO in gammas else [])
 
 
 def parse_verify(text: str, name: str = "verify") -> list[str]:
@@ -113,7 +146,7 @@ class BenchConfig:
 
     target: str = DEFAULT_TARGET
     drafts: list[str] = field(default_factory=lambda: list(DEFAULT_DRAFTS))
-    gammas: list[int] = field(default_factory=lambda: list(DEFAULT_GAMMAS))
+    gammas: list[int | str] = field(default_factory=lambda: list(DEFAULT_GAMMAS))
     temperatures: list[float] = field(default_factory=lambda: list(DEFAULT_TEMPERATURES))
     verify: list[str] = field(default_factory=lambda: list(VERIFY_ORDER))
     prompts: list[BenchPrompt] = field(default_factory=lambda: list(BUILTIN_PROMPTS))
@@ -131,9 +164,10 @@ class BenchConfig:
     def check(self) -> "BenchConfig":
         """Raise a ValueError naming the first bad field and its value; return self."""
         if not self.drafts:
-            raise ValueError("drafts needs at least one draft (a model spec or 'ngram')")
-        if not self.gammas or any(not 1 <= g <= MAX_GAMMA for g in self.gammas):
-            raise ValueError(f"gammas must be integers in [1, {MAX_GAMMA}], got {self.gammas}")
+            raise ValueError("drafts needs at least one draft (a model spec, 'ngram' or 'auto')")
+        if not self.gammas or not all(_is_gamma(g) for g in self.gammas):
+            raise ValueError(f"gammas must be integers in [1, {MAX_GAMMA}] or '{AUTO}', "
+                             f"got {self.gammas}")
         if not self.temperatures or any(not (math.isfinite(t) and t >= 0)
                                         for t in self.temperatures):
             raise ValueError(f"temperatures must be finite numbers >= 0, "
@@ -161,8 +195,8 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One configuration. gamma: an int, "default" (Transformers' own assistant settings) or
-    None (no draft)."""
+    """One configuration. gamma: an int, "auto" (exactspec's γ controller), "default"
+    (Transformers' own assistant settings) or None (no draft)."""
 
     method: str
     temperature: float
@@ -183,6 +217,16 @@ class RunSpec:
         return " ".join(parts)
 
 
+def peer_gammas(draft: str, gammas) -> list[int | str]:
+    """The γ of a draft's hf_assisted rows: for "ngram", `HF_LOOKUP_GAMMAS` and every integer γ
+    benchmarked; for a model draft, every integer γ, then "default"; none for an auto draft."""
+    if is_auto_draft(draft):
+        return []
+    if draft == NGRAM:
+        return sorted(set(HF_LOOKUP_GAMMAS) | set(fixed_gammas(gammas)))
+    return [*fixed_gammas(gammas), "default"]
+
+
 def plan(config: BenchConfig) -> list[RunSpec]:
     """Every configuration, in table order."""
     specs = []
@@ -195,8 +239,6 @@ def plan(config: BenchConfig) -> list[RunSpec]:
                 for verify in config.verify:
                     specs.append(RunSpec("speculative", temperature, draft, gamma, verify))
             if config.peers:
-                for gamma in config.gammas:
-                    specs.append(RunSpec("hf_assisted", temperature, draft, gamma))
-                if draft != NGRAM:
-                    specs.append(RunSpec("hf_assisted", temperature, draft, "default"))
+                specs += [RunSpec("hf_assisted", temperature, draft, gamma)
+                          for gamma in peer_gammas(draft, config.gammas)]
     return specs

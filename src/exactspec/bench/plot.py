@@ -1,5 +1,5 @@
 """The measured cost model as a figure: predicted speedup curves against γ, with the measured
-speedups on top."""
+speedups on top. Rows with γ = "auto" or the auto draft have no curve (`report.build_costmodel`)."""
 from __future__ import annotations
 
 import os
@@ -18,7 +18,8 @@ def plot_costmodel(result: dict, path: str | os.PathLike) -> None:
     curves = result["costmodel"]["curves"]
     panels = list(dict.fromkeys((c["temperature"], c["prompts"]) for c in curves))
     if not panels:
-        raise ValueError("result has no speculative rows: no cost-model curves to plot")
+        raise ValueError("result has no cost-model curves to plot: they need speculative rows "
+                         "with an integer γ and a draft other than auto")
     drafts = list(dict.fromkeys(c["draft"] for c in curves))
     colours = dict(zip(drafts, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4))
     cols = len({k for _, k in panels})

@@ -8,7 +8,12 @@ noise). The counters come from the first pass: every pass uses the same seeds, s
 The measured cost model (`build_costmodel`): α from the runs, the target's cost for one token and
 for a block of γ+1 tokens and the draft's cost per token from direct timings of the models'
 forward pass on a KV cache (`exactspec.bench.timing`), then `costmodel.speedup_measured` per γ
-beside the measured speedup, and the γ it recommends.
+beside the measured speedup, and the γ it recommends. Rows with γ = "auto" or the auto draft
+have no single γ or draft cost: they stay in the rows and the summary, not in the curves.
+
+The summary (`build_summary`), per temperature and prompt kind: exactspec's best prompt-lookup
+row (n-gram or auto draft) against Transformers' best prompt-lookup row, and every γ = "auto"
+row against plain decoding.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ from pathlib import Path
 import torch
 
 from exactspec import costmodel
-from exactspec.bench.config import VERIFY_ORDER, BenchConfig, RunSpec
+from exactspec.bench.config import (AUTO, NGRAM, VERIFY_ORDER, BenchConfig, RunSpec,
+                                    is_auto_draft)
 from exactspec.bench.runners import RunResult
 from exactspec.files import atomic_write
 
@@ -74,11 +80,34 @@ def summarize(spec: RunSpec, kind: str, runs: list[list[RunResult]], config: Ben
     else:
         for name in (*counters, "acceptance_rate", "alpha", "tokens_per_round", "ms_per_round"):
             row[name] = None
+    row.update(_sources(first))
     row["speedup_vs_autoregressive"] = None
     row["speedup_vs_hf_generate"] = None
     row["matches_autoregressive"] = None
     row["peer_settings"] = peer_settings
     return row
+
+
+def ordered_sources(by_source: dict[str, int]) -> dict[str, int]:
+    """Rounds per source in table order: "ngram", "model", "plain", then any other."""
+    order = {source: i for i, source in enumerate(("ngram", "model", "plain"))}
+    return dict(sorted(by_source.items(), key=lambda item: (order.get(item[0], 3), item[0])))
+
+
+def _sources(runs: list[RunResult]) -> dict:
+    """rounds_by_source (rounds per way of drafting, "plain" for rounds without drafts, summed
+    over the prompts) and mean_gamma (drafted tokens per round that drafted: with γ = "auto",
+    the γ the controller chose on average); None for Transformers' rows."""
+    if any(r.rounds_by_source is None for r in runs):
+        return {"rounds_by_source": None, "mean_gamma": None}
+    by_source: dict[str, int] = {}
+    for r in runs:
+        for source, n in r.rounds_by_source.items():
+            by_source[source] = by_source.get(source, 0) + n
+    by_source = ordered_sources(by_source)
+    drafting = sum(n for source, n in by_source.items() if source != "plain")
+    drafted = sum(r.stats.drafted_tokens for r in runs)
+    return {"rounds_by_source": by_source, "mean_gamma": _ratio(drafted, drafting)}
 
 
 def add_speedups(rows: list[dict]) -> None:
@@ -111,7 +140,7 @@ def build_costmodel(rows: list[dict], timings: dict, curve_max_gamma: int) -> di
     curves = []
     groups = {}
     for r in rows:
-        if r["method"] == "speculative":
+        if r["method"] == "speculative" and r["gamma"] != AUTO and not is_auto_draft(r["draft"]):
             groups.setdefault((r["temperature"], r["prompts"], r["draft"]), []).append(r)
     for (temperature, kind, draft), group in groups.items():
         source = "token" if any(r["verify"] == "token" for r in group) else "block"
@@ -150,6 +179,41 @@ def build_costmodel(rows: list[dict], timings: dict, curve_max_gamma: int) -> di
             "points": points,
         })
     return {"timings": timings, "curves": curves}
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _brief(row: dict | None) -> dict | None:
+    keys = ("method", "draft", "gamma", "verify", "tokens_per_s", "speedup_vs_autoregressive")
+    return {key: row[key] for key in keys} if row else None
+
+
+def _fastest(rows: list[dict]) -> dict | None:
+    rated = [r for r in rows if r["tokens_per_s"] is not None]
+    return max(rated, key=lambda r: r["tokens_per_s"]) if rated else None
+
+
+def build_summary(rows: list[dict]) -> list[dict]:
+    """Per (temperature, prompt kind): `best_lookup`, exactspec's fastest speculative row with the
+    n-gram or an auto draft; `best_hf_lookup`, the fastest hf_assisted prompt-lookup row;
+    `lookup_over_hf_lookup`, the ratio of their tokens/s; `gamma_auto`, every speculative row
+    with γ = "auto" (its draft, rule, tokens/s, speedup over autoregressive and mean γ)."""
+    out = []
+    for temperature, kind in dict.fromkeys((r["temperature"], r["prompts"]) for r in rows):
+        group = [r for r in rows if (r["temperature"], r["prompts"]) == (temperature, kind)]
+        ours = _fastest([r for r in group if r["method"] == "speculative"
+                         and (r["draft"] == NGRAM or is_auto_draft(r["draft"]))])
+        peer = _fastest([r for r in group if r["method"] == "hf_assisted" and r["draft"] == NGRAM])
+        out.append({
+            "temperature": temperature, "prompts": kind,
+            "best_lookup": _brief(ours), "best_hf_lookup": _brief(peer),
+            "lookup_over_hf_lookup": _ratio(ours and ours["tokens_per_s"],
+                                            peer and peer["tokens_per_s"]),
+            "gamma_auto": [{**_brief(r), "mean_gamma": r["mean_gamma"]} for r in group
+                           if r["method"] == "speculative" and r["gamma"] == AUTO],
+        })
+    return out
 
 
 # --------------------------------------------------------------------------- machine

@@ -21,9 +21,9 @@ from typing import Callable
 import torch
 
 from exactspec.bench.config import (CURVE_MIN_GAMMA, NGRAM, WARMUP_TOKENS, BenchConfig, RunSpec,
-                                    plan)
-from exactspec.bench.report import (add_speedups, build_costmodel, load_average, machine_info,
-                                    summarize)
+                                    auto_model_spec, fixed_gammas, is_auto_draft, plan)
+from exactspec.bench.report import (add_speedups, build_costmodel, build_summary, load_average,
+                                    machine_info, summarize)
 from exactspec.bench.runners import Runner, RunResult
 from exactspec.bench.timing import context_from_prompts, measure_timings
 from exactspec.models import encode_prompt
@@ -41,9 +41,12 @@ def _silent(_message: str) -> None:
 def load_models(config: BenchConfig, models: dict | None = None,
                 log: Callable[[str], None] = _silent) -> tuple[object, dict]:
     """Check `config`, set its torch threads, and return (target, drafts): LoadedModels, with each
-    draft spec mapped to its LoadedModel, or to "ngram", and checked against the target's
-    vocabulary. models: LoadedModels by spec, used instead of loading; a spec named twice is
-    loaded once."""
+    draft spec mapped to its LoadedModel, to "ngram", or for an auto draft to one `AutoDrafter`
+    (reused by every run: the engine restarts it) whose model draft is `auto_model_spec`; model
+    drafts are checked against the target's vocabulary. models: LoadedModels by spec, used
+    instead of loading; a spec named twice (an auto draft's model and the same model as a draft
+    of its own) is loaded once."""
+    from exactspec.drafters import AutoDrafter, ModelDrafter
     from exactspec.models import check_compatible, load_model
 
     config.check()
@@ -63,16 +66,17 @@ def load_models(config: BenchConfig, models: dict | None = None,
     for spec in config.drafts:
         if spec == NGRAM:
             drafts[spec] = NGRAM
-        else:
-            drafts[spec] = get(spec)
-            check_compatible(target, drafts[spec])
+            continue
+        model = get(auto_model_spec(spec, config.target) if is_auto_draft(spec) else spec)
+        check_compatible(target, model)
+        drafts[spec] = AutoDrafter(ModelDrafter(model)) if is_auto_draft(spec) else model
     return target, drafts
 
 
 def run_benchmark(config: BenchConfig, *, models: dict | None = None,
                   timings: dict | None = None, log: Callable[[str], None] | None = log_to_stderr
                   ) -> dict:
-    """Run the benchmark and return {config, machine, rows, costmodel, elapsed_seconds}.
+    """Run the benchmark and return {config, machine, rows, summary, costmodel, elapsed_seconds}.
 
     models: LoadedModels by spec, used instead of loading (tests); timings: the cost model's
     inputs, used instead of timing the models (tests). log: progress lines (None: silent).
@@ -120,7 +124,7 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
             rows.append(row)
     add_speedups(rows)
 
-    curve_max = max(CURVE_MIN_GAMMA, max(config.gammas))
+    curve_max = max([CURVE_MIN_GAMMA, *fixed_gammas(config.gammas)])
     if timings is None:
         context = int(statistics.median(ids.size(1) for ids in prompt_ids)) \
             + config.max_new_tokens // 2
@@ -131,6 +135,7 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
         "config": config.to_dict(),
         "machine": machine,
         "rows": rows,
+        "summary": build_summary(rows),
         "costmodel": build_costmodel(rows, timings, curve_max),
         "elapsed_seconds": time.perf_counter() - started,
     }

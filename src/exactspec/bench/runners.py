@@ -30,6 +30,7 @@ class RunResult:
     wall_seconds: float
     time_to_first_token: float | None
     stats: object | None = None  # DecodeStats for exactspec methods
+    rounds_by_source: dict | None = None  # exactspec methods: rounds per source ("ngram", ...)
 
 
 class _FirstTokenStreamer:
@@ -72,9 +73,20 @@ def _seeded_global_rng(seed: int, device: torch.device):
         yield
 
 
+def lookup_ngram_default() -> int:
+    """Transformers' own max_matching_ngram_size for prompt lookup, used when it is not set."""
+    import inspect
+
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    init = inspect.signature(PromptLookupCandidateGenerator.__init__)
+    return init.parameters["max_matching_ngram_size"].default
+
+
 class Runner:
-    """Runs one configuration on one prompt. `target` and `drafts` are LoadedModels (drafts maps
-    each draft spec to a LoadedModel, or to "ngram")."""
+    """Runs one configuration on one prompt. `target` is a LoadedModel; `drafts` maps each draft
+    spec to a LoadedModel, to "ngram", or (an auto draft) to its drafter object, which the
+    engine restarts for each generation."""
 
     def __init__(self, target, drafts: dict, config: BenchConfig):
         self.target, self.drafts, self.config = target, drafts, config
@@ -118,7 +130,8 @@ class Runner:
         synchronize(self.device)
         wall = time.perf_counter() - start
         tokens = out.sequences[0, input_ids.size(1):].tolist()
-        return RunResult(tokens, wall, first[0] if first else None, out.stats)
+        return RunResult(tokens, wall, first[0] if first else None, out.stats,
+                         dict(out.rounds_by_source))
 
     def generation_config(self, spec: RunSpec, max_new_tokens: int):
         """The Transformers GenerationConfig of an hf_* configuration."""
@@ -130,10 +143,7 @@ class Runner:
             top_p=self.config.top_p if self.config.top_p is not None else 1.0)
         extra = {}
         if spec.method == "hf_assisted" and spec.draft == NGRAM:
-            from exactspec.drafters import NGramDrafter
-
-            extra = dict(prompt_lookup_num_tokens=spec.gamma,
-                         max_matching_ngram_size=NGramDrafter().max_ngram)
+            extra = dict(prompt_lookup_num_tokens=spec.gamma)  # n-gram sizes: Transformers' own
         return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=[],
                                 pad_token_id=self.pad_token_id, **sampling, **extra)
 
@@ -141,11 +151,9 @@ class Runner:
         """What the hf_assisted configuration sets (recorded in its row)."""
         if spec.method != "hf_assisted":
             return None
-        if spec.draft == NGRAM:
-            from exactspec.drafters import NGramDrafter
-
+        if spec.draft == NGRAM:  # max_matching_ngram_size left unset: Transformers' default
             return {"prompt_lookup_num_tokens": spec.gamma,
-                    "max_matching_ngram_size": NGramDrafter().max_ngram}
+                    "max_matching_ngram_size": lookup_ngram_default()}
         if spec.gamma == "default":
             from transformers import GenerationConfig
 

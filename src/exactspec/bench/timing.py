@@ -1,5 +1,6 @@
 """The measured cost model's inputs, timed directly: the target's forward pass over 1..γ+1 new
-tokens and each draft's cost per token, on a KV cache that holds a realistic context."""
+tokens and each draft's cost per token, on a KV cache that holds a realistic context. An auto
+draft has no single cost per token (its rounds are lookups or model drafts): it is not timed."""
 from __future__ import annotations
 
 import statistics
@@ -8,7 +9,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from exactspec.bench.config import NGRAM
+from exactspec.bench.config import NGRAM, is_auto_draft
 from exactspec.engine import synchronize
 
 
@@ -68,7 +69,7 @@ def time_ngram_draft(context_ids: torch.Tensor, gamma: int, *, repeats: int = 50
 def measure_timings(target, drafts: dict, context_ids: torch.Tensor, max_gamma: int,
                     log: Callable[[str], None] = lambda _m: None) -> dict:
     """The cost model's inputs, timed directly: the target's pass over n = 1..max_gamma+1 tokens
-    and each draft's cost per token, on a cache of len(context_ids) tokens."""
+    and each draft's cost per token, on a cache of len(context_ids) tokens (auto drafts left out)."""
     log(f"timing the target's forward pass on a {context_ids.size(1)}-token cache "
         f"(1..{max_gamma + 1} new tokens) ...")
     target_times = time_forward(target, context_ids, range(1, max_gamma + 2))
@@ -76,6 +77,8 @@ def measure_timings(target, drafts: dict, context_ids: torch.Tensor, max_gamma: 
            "target": [{"tokens": n, "seconds": s} for n, s in sorted(target_times.items())],
            "drafts": {}}
     for spec, draft in drafts.items():
+        if is_auto_draft(spec):
+            continue
         if draft == NGRAM:
             seconds, how = time_ngram_draft(context_ids, 4), "one n-gram lookup (γ = 4) / 4"
         else:

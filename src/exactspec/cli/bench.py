@@ -1,9 +1,10 @@
 """`exactspec bench`: measured speed of speculative decoding beside plain decoding and
 Transformers' own (assisted) generation, with the cost model made from measurements.
 
-    exactspec bench [--target NAME] [--draft NAME|ngram ...] [--gammas 4] [--prompts FILE]
-                    [--max-new-tokens 32] [--temperature 0 0.8] [--repeats 3] [--warmup 1]
-                    [--peers/--no-peers] [--verify block,token] [--json OUT] [--plot OUT.png]
+    exactspec bench [--target NAME] [--draft NAME|ngram|auto[:NAME] ...] [--gammas 4,auto]
+                    [--prompts FILE] [--max-new-tokens 32] [--temperature 0 0.8] [--repeats 3]
+                    [--warmup 1] [--peers/--no-peers] [--verify block,token] [--json OUT]
+                    [--plot OUT.png]
     exactspec bench --batch-sizes 1,4,8 [same options]   batch throughput instead
 
 Progress goes to stderr, the tables to stdout. Options are checked before any model loads, so
@@ -29,10 +30,13 @@ def register(subparsers) -> None:
     p.add_argument("--target", default=bench.DEFAULT_TARGET,
                    help="target model spec NAME_OR_PATH[@DTYPE] (default: %(default)s)")
     p.add_argument("--draft", nargs="+", default=list(bench.DEFAULT_DRAFTS), metavar="NAME",
-                   help="draft model specs and/or 'ngram' (default: "
+                   help="draft model specs, 'ngram' (prompt lookup) and/or 'auto' (prompt "
+                        "lookup when the context repeats, else the target's bfloat16 copy; "
+                        "'auto:NAME' names the model draft) (default: "
                         f"{' '.join(bench.DEFAULT_DRAFTS)})")
     p.add_argument("--gammas", default=",".join(map(str, bench.DEFAULT_GAMMAS)),
-                   help="comma-separated γ values (default: %(default)s)")
+                   help="comma-separated γ values in 1..32 and/or 'auto' (chosen each round "
+                        "from measured costs) (default: %(default)s)")
     p.add_argument("--prompts", metavar="FILE",
                    help='JSONL file of {"prompt": ..., "kind": ..., "name": ...} lines '
                         "(default: a built-in set of open and grounded prompts)")
@@ -77,6 +81,18 @@ def load_bench_prompts(path: str) -> list:
     return [BenchPrompt(p["name"], p["kind"], p["prompt"]) for p in read_prompts(path, "--prompts")]
 
 
+def _draft_name(text: str) -> str:
+    """'NGRAM' → 'ngram', 'Auto' / 'auto:' → 'auto', 'AUTO:SPEC' → 'auto:SPEC'; others as given."""
+    from exactspec.bench.config import AUTO, NGRAM
+
+    head, colon, spec = text.partition(":")
+    if text.lower() == NGRAM:
+        return NGRAM
+    if head.lower() == AUTO:
+        return f"{AUTO}:{spec.strip()}" if colon and spec.strip() else AUTO
+    return text
+
+
 def config_from_args(args):
     from exactspec.bench import config as bench
 
@@ -89,10 +105,9 @@ def config_from_args(args):
         prompts, source = load_bench_prompts(args.prompts), args.prompts
     else:
         prompts, source = list(bench.BUILTIN_PROMPTS), "built-in"
-    drafts = list(dict.fromkeys(d.strip() for d in args.draft))
+    drafts = list(dict.fromkeys(_draft_name(d.strip()) for d in args.draft))
     if not all(drafts):
         raise CliError("--draft: empty draft name")
-    drafts = [bench.NGRAM if d.lower() == bench.NGRAM else d for d in drafts]
     temperatures = list(dict.fromkeys(parse_float("--temperature", t, 0.0) for t in args.temperature))
     config = bench.BenchConfig(
         target=args.target, drafts=drafts, gammas=gammas, temperatures=temperatures,
@@ -116,7 +131,8 @@ RUN_COLUMNS = [  # (header, field, format)
     ("min-max", "spread", "{}"), ("ms/tok", "ms_per_token", "{:.1f}"),
     ("TTFT ms", "ttft_ms", "{:.0f}"), ("acc.rate", "acceptance_rate", "{:.3f}"),
     ("α", "alpha", "{:.3f}"), ("tok/round", "tokens_per_round", "{:.2f}"),
-    ("ms/round", "ms_per_round", "{:.0f}"), ("×AR", "speedup_vs_autoregressive", "{:.2f}"),
+    ("ms/round", "ms_per_round", "{:.0f}"), ("mean γ", "mean_gamma", "{:.1f}"),
+    ("rounds", "sources", "{}"), ("×AR", "speedup_vs_autoregressive", "{:.2f}"),
     ("×HF", "speedup_vs_hf_generate", "{:.2f}"), ("=AR", "same", "{}"),
 ]
 
@@ -141,7 +157,35 @@ def _display_row(row: dict) -> dict:
     out["ttft_ms"] = None if ttft is None else 1e3 * ttft
     same = row.get("matches_autoregressive")
     out["same"] = None if same is None else ("yes" if same else "NO")
+    by_source = row.get("rounds_by_source") if row["method"] == "speculative" else None
+    out["sources"] = " ".join(f"{k}:{n}" for k, n in by_source.items()) if by_source else None
     return out
+
+
+def _named(row: dict) -> str:
+    parts = [row["method"], row["draft"], None if row["gamma"] is None else f"γ={row['gamma']}",
+             row["verify"]]
+    return f"{' '.join(p for p in parts if p)} {row['tokens_per_s']:.1f} tok/s"
+
+
+def print_summary(summary: list[dict]) -> None:
+    """One line per (temperature, prompt kind): exactspec's best prompt lookup against
+    Transformers' best, and each γ = auto row against plain decoding."""
+    print("\nSummary (tokens/s ratios):")
+    for item in summary:
+        parts = []
+        ours, peer = item["best_lookup"], item["best_hf_lookup"]
+        if ours:
+            versus = (f" = {item['lookup_over_hf_lookup']:.2f}x best Transformers lookup "
+                      f"({_named(peer)})" if peer and item["lookup_over_hf_lookup"] else "")
+            vs_ar = ours["speedup_vs_autoregressive"]
+            ar = f" ({vs_ar:.2f}x autoregressive)" if vs_ar is not None else ""
+            parts.append(f"best lookup {_named(ours)}{ar}{versus}")
+        autos = [f"{a['draft']} {a['verify']} {a['speedup_vs_autoregressive']:.2f}x"
+                 for a in item["gamma_auto"] if a["speedup_vs_autoregressive"] is not None]
+        if autos:
+            parts.append("γ=auto vs autoregressive: " + ", ".join(autos))
+        print(f"  T = {item['temperature']:g}, {item['prompts']}: " + ("; ".join(parts) or "-"))
 
 
 def print_result(result: dict) -> None:
@@ -160,6 +204,8 @@ def print_result(result: dict) -> None:
         print(f"\nT = {temperature:g}, {kind} prompts ({rows[0]['n_prompts']} prompts, "
               f"{rows[0]['output_tokens']} tokens per pass)")
         print_table(rows, RUN_COLUMNS)
+    if result.get("summary"):
+        print_summary(result["summary"])
     cm = result["costmodel"]
     timings = cm["timings"]
     t_target = {item["tokens"]: item["seconds"] for item in timings["target"]}
@@ -217,6 +263,13 @@ def run_batch_bench(args, config) -> int:
     return 0
 
 
+def has_curves(config) -> bool:
+    """Whether the benchmark will have cost-model curves (a fixed γ with a non-auto draft)."""
+    from exactspec.bench.config import fixed_gammas, is_auto_draft
+
+    return bool(fixed_gammas(config.gammas)) and not all(map(is_auto_draft, config.drafts))
+
+
 def run_bench(args) -> int:
     from exactspec.bench.plot import plot_costmodel
     from exactspec.bench.report import write_json
@@ -227,6 +280,9 @@ def run_bench(args) -> int:
         return run_batch_bench(args, config)
     json_path = output_path("--json", args.json)
     plot_path = output_path("--plot", args.plot)
+    if plot_path and not has_curves(config):
+        raise CliError("--plot needs an integer γ in --gammas and a draft other than auto: "
+                       "each cost-model curve has one draft cost and is drawn against γ")
     result = run_benchmark(config, log=None if args.quiet else log_to_stderr)
     if json_path:
         write_json(result, json_path)

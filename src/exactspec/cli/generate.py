@@ -7,10 +7,10 @@ import sys
 import time
 
 from exactspec.cli.common import CliError, print_json, print_table, read_prompts
+from exactspec.controller import MAX_GAMMA
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "auto"
-MAX_GAMMA = 32  # exactspec.engine.MAX_GAMMA, without importing torch for --help
 DEMO_PROMPTS = (  # (kind, prompt): one that copies its prompt, one that does not
     ("grounded", "Rewrite this email so that the meeting is on Friday instead of Thursday. Keep "
                  "everything else word for word.\n\nHi Sam,\n\nThe project review meeting is on "

@@ -1,11 +1,16 @@
-"""`exactspec serve`: an OpenAI-compatible server (FastAPI + uvicorn) with continuous batching."""
+"""`exactspec serve`: an OpenAI-compatible server (FastAPI + uvicorn) with continuous batching;
+`exactspec serve-bench`: that server under load with the `openai` client, drafting on and off.
+
+serve-bench is its own command, not a `bench --serve` flag: it shares none of `exactspec bench`'s
+options (γ sweeps, batch sizes, peers) and has its own (concurrency levels, requests per level)."""
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 
-from exactspec.cli.common import CliError, parse_int
-from exactspec.cli.generate import DEFAULT_DRAFT, DEFAULT_TARGET
+from exactspec.cli.common import CliError, parse_float, parse_int, print_json, print_table
+from exactspec.cli.generate import DEFAULT_DRAFT, DEFAULT_TARGET, _parse_gamma
 
 
 def register(subparsers) -> None:
@@ -16,9 +21,13 @@ def register(subparsers) -> None:
     serve.add_argument("--target", default=DEFAULT_TARGET,
                        help=f"target model spec NAME_OR_PATH[@DTYPE] (default: {DEFAULT_TARGET})")
     serve.add_argument("--draft", default=DEFAULT_DRAFT,
-                       help=f"draft model spec, 'ngram' or 'none' (default: {DEFAULT_DRAFT})")
-    serve.add_argument("--gamma", default="4", help="draft tokens per round; a request's 'gamma' "
-                                                    "overrides it (default: 4)")
+                       help="'auto' (prompt lookup when the text repeats, else the target's "
+                            "bfloat16 copy when it pays, else plain steps), 'auto:SPEC', a draft "
+                            f"model spec, 'ngram' or 'none' (default: {DEFAULT_DRAFT})")
+    serve.add_argument("--gamma", default="auto",
+                       help="draft tokens per round, or 'auto': chosen each round for the running "
+                            "batch from measured costs and acceptance; a request's integer "
+                            "'gamma' keeps its own fixed γ (default: auto)")
     serve.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
     serve.add_argument("--port", default="8000", help="0 picks a free port (default: 8000)")
     serve.add_argument("--max-batch", default="8", help="rows in the running batch (default: 8)")
@@ -26,6 +35,7 @@ def register(subparsers) -> None:
     serve.add_argument("--model-name", default=None,
                        help="the model id clients use (default: the --target spec)")
     serve.set_defaults(func=run_serve)
+    _register_bench(subparsers)
 
 
 def run_serve(args) -> int:
@@ -36,11 +46,7 @@ def run_serve(args) -> int:
     except ModuleNotFoundError as err:
         raise CliError(f"the server needs the 'serve' extra ({err.name} is missing): "
                        "pip install 'exactspec[serve]'") from None
-    if str(args.gamma).strip() == "auto":
-        raise CliError("--gamma auto is not supported by the server yet: give an integer in [1, 32]")
-    gamma = parse_int("--gamma", args.gamma, 1)
-    if gamma > 32:
-        raise CliError(f"--gamma must be in [1, 32], got {args.gamma}")
+    gamma = _parse_gamma(args.gamma)
     port = parse_int("--port", args.port, 0)
     config = ServeConfig(target=args.target, draft=args.draft, gamma=gamma,
                          max_batch=parse_int("--max-batch", args.max_batch, 1),
@@ -58,3 +64,76 @@ def run_serve(args) -> int:
     server = uvicorn.Server(uvicorn.Config(create_app(config), log_level="warning"))
     server.run(sockets=[sock])
     return 0
+
+
+def _register_bench(subparsers) -> None:
+    bench = subparsers.add_parser(
+        "serve-bench", help="drive `exactspec serve` with the openai client, drafting on and off",
+        description="Start two servers on 127.0.0.1 (the drafting settings given, and --draft none), "
+                    "drive each with the openai client at each concurrency level (a bounded number "
+                    "of streamed chat requests; the run stops by itself) and report total tokens/s, "
+                    "per-request tokens/s and time to first token p50/p95.")
+    bench.add_argument("--target", default=DEFAULT_TARGET, help=f"default: {DEFAULT_TARGET}")
+    bench.add_argument("--draft", default=DEFAULT_DRAFT,
+                       help=f"the drafting server's --draft (default: {DEFAULT_DRAFT})")
+    bench.add_argument("--gamma", default="auto", help="the drafting server's --gamma (default: auto)")
+    bench.add_argument("--concurrency", default="1,4,8", help="levels (default: 1,4,8)")
+    bench.add_argument("--requests-per-level", default="8",
+                       help="requests per level = this × concurrency (default: 8)")
+    bench.add_argument("--max-tokens", default="32", help="per request (default: 32)")
+    bench.add_argument("--repeats", default="1",
+                       help="runs of each level; total tokens/s is their median (default: 1)")
+    bench.add_argument("--temperature", default="0", help="default: 0 (greedy)")
+    bench.add_argument("--max-batch", default=None, help="default: the highest concurrency")
+    bench.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up wave")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.set_defaults(func=run_serve_bench)
+
+
+BENCH_COLUMNS = [("concurrency", "concurrency", "{}"), ("server", "mode", "{}"),
+                 ("requests", "requests", "{}"), ("tokens", "completion_tokens", "{}"),
+                 ("total tok/s", "total_tokens_per_s", "{:.1f}"),
+                 ("vs plain", "vs_plain", "{:.2f}x"),
+                 ("per-request tok/s", "per_request_tokens_per_s", "{:.1f}"),
+                 ("TTFT p50 s", "ttft_p50_s", "{:.3f}"), ("TTFT p95 s", "ttft_p95_s", "{:.3f}")]
+
+
+def run_serve_bench(args) -> int:
+    try:
+        import openai  # noqa: F401
+
+        from exactspec.serve.bench import run_serve_bench as bench
+    except ModuleNotFoundError as err:
+        raise CliError(f"serve-bench needs the 'serve' extra and the openai client ({err.name} is "
+                       "missing): pip install 'exactspec[serve]' openai") from None
+    options = dict(
+        draft=args.draft.strip(), gamma=str(_parse_gamma(args.gamma)),
+        concurrencies=sorted({parse_int("--concurrency", c, 1) for c in args.concurrency.split(",")}),
+        per_level=parse_int("--requests-per-level", args.requests_per_level, 1),
+        max_tokens=parse_int("--max-tokens", args.max_tokens, 1),
+        repeats=parse_int("--repeats", args.repeats, 1),
+        temperature=parse_float("--temperature", args.temperature, 0, 2),
+        max_batch=None if args.max_batch is None else parse_int("--max-batch", args.max_batch, 1),
+        warmup=not args.no_warmup, log=None if args.json else lambda line: print(line, flush=True))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stops the servers on the way out
+    try:
+        result = bench(args.target, **options)
+    except RuntimeError as err:  # a server that could not start says why
+        raise CliError(str(err)) from None
+    if args.json:
+        print_json(result)
+    else:
+        print_serve_bench(result)
+    return 0
+
+
+def print_serve_bench(result: dict) -> None:
+    settings = result["settings"]
+    print(f"\n{settings['target']}: drafting = --draft {settings['draft']} --gamma "
+          f"{settings['gamma']}, plain = --draft none; {settings['max_tokens']} tokens per request, "
+          f"temperature {settings['temperature']:g}, median of {settings['repeats']} run(s)")
+    print_table(result["levels"], BENCH_COLUMNS)
+    agree = result["greedy_agree"]
+    if agree is not None:
+        print(f"greedy texts identical across both servers for {agree['identical']} of "
+              f"{agree['prompts']} prompts")

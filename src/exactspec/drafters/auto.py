@@ -56,3 +56,10 @@ class AutoDrafter:
     def select(self, rows: torch.Tensor) -> None:
         self.model.select(rows)
         self.lookup.select(rows)
+
+    def join(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
+        """New rows (left-padded prompts [n, L]) join at a round boundary (continuous batching):
+        both drafters take them, so either may propose the next round, chosen afresh."""
+        self.model.join(input_ids, valid)
+        self.lookup.join(input_ids, valid)
+        self.source = None

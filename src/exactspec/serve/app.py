@@ -31,8 +31,10 @@ class ServeConfig:
     """What `exactspec serve` serves: model specs (or loaded models), drafting and limits."""
 
     target: object = "smollm2-135m-instruct"
-    draft: object = "smollm2-135m-instruct@bfloat16"  # a spec, "ngram", "none"/None or a model
-    gamma: int = 4
+    # "auto" (prompt lookup, else a bfloat16 copy of the target), "auto:SPEC", a model spec,
+    # "ngram", "none"/None, or a loaded model
+    draft: object = "auto"
+    gamma: int | str = "auto"  # a request's integer `gamma` keeps its own fixed γ
     verify: str = "block"
     max_batch: int = 8
     max_queue: int = 64
@@ -58,11 +60,10 @@ class ServerState:
         try:
             config = self.config
             target = load_model(config.target) if isinstance(config.target, str) else config.target
-            make_drafter = _drafter_factory(config.draft)
+            make_drafter = _drafter_factory(config.draft, target)
             make_drafter()  # a bad spec fails now, not at the first request
             self.target, self.context = target, context_length(target)
-            self.scheduler = Scheduler(target, make_drafter, gamma=config.gamma,
-                                       eos_ids=eos_token_ids(target), max_batch=config.max_batch,
+            self.scheduler = Scheduler(target, make_drafter, eos_ids=eos_token_ids(target), max_batch=config.max_batch,
                                        max_queue=config.max_queue, context=self.context,
                                        metrics=self.metrics)
             self.scheduler.start()
@@ -77,18 +78,22 @@ class ServerState:
         return self.scheduler
 
 
-def _drafter_factory(draft):
-    """A function making a fresh drafter for each new batch (a drafter holds per-batch state)."""
-    from exactspec.drafters import ModelDrafter, NGramDrafter, NoDraft
+def _drafter_factory(draft, target):
+    """A function making a fresh drafter for each new batch (a drafter holds per-batch state).
+    "auto": prompt lookup or, as for `exactspec generate`, a bfloat16 copy of the target."""
+    from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter, NoDraft
+    from exactspec.engine import _bfloat16_copy
     from exactspec.models import load_model
 
-    if draft is None or (isinstance(draft, str) and draft.lower() == "none"):
+    spec = draft.strip().lower() if isinstance(draft, str) else None
+    if draft is None or spec == "none":
         return NoDraft
-    if isinstance(draft, str) and draft.lower() == "ngram":
+    if spec == "ngram":
         return NGramDrafter
-    if isinstance(draft, str) and draft.lower() == "auto":
-        raise ValueError("--draft auto is not supported by the server yet (its rows cannot join a "
-                         "running batch); use a model spec, 'ngram' or 'none'")
+    if spec == "auto" or (spec or "").startswith("auto:"):
+        named = draft.strip()[len("auto:"):]
+        model = load_model(named) if named else _bfloat16_copy(target)
+        return lambda: AutoDrafter(ModelDrafter(model))
     loaded = load_model(draft) if isinstance(draft, str) else draft
     return lambda: ModelDrafter(loaded)
 

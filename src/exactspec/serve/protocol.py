@@ -2,7 +2,8 @@
 
 Supported: `model`, `prompt` (completions: a string or a list of token ids) / `messages` (chat),
 `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`, `stream`,
-`stream_options.include_usage`, and the extras `top_k`, `gamma`, `verify`. Fields that only
+`stream_options.include_usage`, and the extras `top_k`, `gamma` (an integer in [0, 32] or
+"auto"), `verify`. Fields that only
 restate the default (`n: 1`, `logprobs: false`, null values, ...) are accepted; any other field,
 or a value the server cannot honour, is a 400 naming the field — never silently ignored.
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-MAX_GAMMA = 32
+from exactspec.controller import MAX_GAMMA
+
 MAX_STOPS = 4
 # Fields accepted when they hold their default (or null): they change nothing.
 _NO_OPS = {"n": 1, "logprobs": False, "echo": False, "best_of": 1, "frequency_penalty": 0,
@@ -56,7 +58,7 @@ class Params:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
-    gamma: int | None = None
+    gamma: int | str | None = None  # None: the server's default
     verify: str = "block"
 
 
@@ -72,6 +74,17 @@ def _number(body: dict, name: str, low: float, high: float, default, *, integer=
             f"in [{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}")
         raise bad(name, f"{name} must be {kind} {where}, got {value!r}")
     return value
+
+
+def _gamma(body: dict):
+    value = body.get("gamma")
+    if value is None or value == "auto":
+        return value
+    try:
+        return _number(body, "gamma", 0, MAX_GAMMA, None, integer=True)
+    except ApiError:
+        raise bad("gamma", f"gamma must be an integer in [0, {MAX_GAMMA}] or 'auto', "
+                           f"got {value!r}") from None
 
 
 def _check_no_ops(body: dict, kind: str) -> None:
@@ -154,7 +167,7 @@ def parse_request(body, kind: str) -> Params:
     params.top_p = _number(body, "top_p", 0, 1, None, low_open=True)
     params.top_k = _number(body, "top_k", 1, math.inf, None, integer=True)
     params.seed = _number(body, "seed", -(2 ** 63), 2 ** 64 - 1, None, integer=True)
-    params.gamma = _number(body, "gamma", 0, MAX_GAMMA, None, integer=True)
+    params.gamma = _gamma(body)
     params.stop = _stop(body)
     for flag in ("stream",):
         if not isinstance(body.get(flag, False), bool) and body.get(flag) is not None:

@@ -2,7 +2,8 @@
 
 One background thread owns the models. Each loop: cancelled rows leave; waiting requests are
 admitted (a new Decoder when none runs, else they `join` at this round boundary, after their own
-prefill); one round runs over the batch; finished rows leave. Tokens reach the request handlers
+prefill); one round runs over the batch (`AutoGamma`: the γ of the rows whose gamma is "auto"
+comes from one controller for the running batch, from past rounds only); finished rows leave. Tokens reach the request handlers
 through `loop.call_soon_threadsafe` onto each request's asyncio queue, as
 ("tokens", ids) events and one final ("done", finish_reason) or ("error", message).
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from exactspec.batching import RowSettings
+from exactspec.batching import AutoGamma, RowSettings
 from exactspec.engine import Decoder, pad_prompts
 from exactspec.sampling import SamplingConfig
 
@@ -47,9 +48,10 @@ class Job:
 class Scheduler:
     """Queue, admission, the round loop and cancellation; `submit` and `cancel` are thread-safe."""
 
-    def __init__(self, target, make_drafter, *, gamma: int, eos_ids: list[int], max_batch: int,
+    def __init__(self, target, make_drafter, *, eos_ids: list[int], max_batch: int,
                  max_queue: int, context: int | None, metrics=None):
-        self.target, self.make_drafter, self.gamma, self.eos = target, make_drafter, gamma, eos_ids
+        self.target, self.make_drafter, self.eos = target, make_drafter, eos_ids
+        self.gamma = AutoGamma()  # rows carry their own γ, fixed or "auto"
         self.max_batch, self.max_queue, self.context, self.metrics = max_batch, max_queue, context, metrics
         self.waiting: collections.deque[Job] = collections.deque()
         self.running: dict[int, Job] = {}  # row index in the decoder → job
@@ -172,7 +174,7 @@ class Scheduler:
         decoder = self.decoder
         if decoder is None or decoder.done or not self.running:
             return
-        decoder.step(self.gamma)
+        self.gamma.step(decoder)
         active = set(decoder.rows.active.tolist()) if not decoder.done else set()
         for row in [r for r in self.running if r not in active]:
             new = decoder.rows.new[row]
