@@ -263,7 +263,8 @@ def test_cli_ctrl_c_mid_generation(env, capsys, monkeypatch):
             raise KeyboardInterrupt
 
     monkeypatch.setattr(generate.TextStream, "__call__", interrupt)
-    code, _, err = run_cli(capsys, env.fill(WITH_DRAFT + ["--max-new-tokens", "20", "--stream"]))
+    argv = WITH_DRAFT + ["--gamma", "2", "--max-new-tokens", "20", "--stream"]  # ≥ 7 rounds
+    code, _, err = run_cli(capsys, env.fill(argv))
     assert code == 130 and len(rounds) == 2
     check_one_line(err, "generate", r"^exactspec generate: interrupted$")
 
