@@ -32,13 +32,15 @@ def join(decoder, prompts, settings):
 
 
 def drafters(draft):
-    return {"model": lambda: ModelDrafter(draft), "ngram": NGramDrafter, "none": NoDraft}
+    return {"model": lambda: ModelDrafter(draft), "ngram": NGramDrafter, "none": NoDraft,
+            "auto": lambda: AutoDrafter(ModelDrafter(draft))}
 
 
-@pytest.mark.parametrize("kind", ["model", "ngram", "none"])
+@pytest.mark.parametrize("kind", ["model", "ngram", "none", "auto"])
 def test_joined_rows_match_greedy_alone(tiny_pair, kind):
     """Greedy rows that join mid-batch (different γ, rules and budgets; one prompt of a single
-    token) equal Transformers' greedy decoding of each prompt alone; rows leave as they finish."""
+    token) equal Transformers' greedy decoding of each prompt alone; rows leave as they finish.
+    The auto draft's model takes joining rows lazily (its cache catches up when it drafts)."""
     target, draft = tiny_pair
     greedy = lambda n, **kw: RowSettings(max_new_tokens=n, temperature=0, **kw)
     decoder = start(target, drafters(draft)[kind](), PROMPTS[:2], [greedy(5), greedy(20, gamma=2)])
@@ -64,6 +66,26 @@ def test_cancelled_row_leaves_the_caches(tiny_pair):
     while not decoder.done:
         decoder.step(4)
     assert PROMPTS[2] + decoder.rows.new[2] == hf_greedy(target, PROMPTS[2], 30)
+
+
+def test_lazy_draft_cache_emptied_then_joined(tiny_pair):
+    """The auto draft's model takes joining rows lazily (all holes in its cache). When the rows it
+    holds leave, its cache keeps no column; rows leaving and joining after that still line up
+    (Transformers skips empty cache layers when selecting rows: the cache is renewed instead)."""
+    target, draft = tiny_pair
+    greedy = lambda n: RowSettings(max_new_tokens=n, temperature=0)
+    prompts = [[1, 4, 3, 10, 7], [1, 20, 21, 22], [1, 7, 9], [3, 5], [1, 8, 9, 11, 12, 13, 14]]
+    decoder = start(target, drafters(draft)["auto"](), prompts[:2], [greedy(30), greedy(30)])
+    decoder.step(2)  # the model drafts: its cache holds rows 0 and 1
+    rows = join(decoder, prompts[2:4], [greedy(10), greedy(10)])
+    decoder.cancel([0, 1])
+    decoder.cancel([rows[0]])  # a row leaves while the draft's cache is empty
+    assert decoder.drafter.model.lm.length == 0
+    rows = rows[1:] + join(decoder, prompts[4:], [greedy(8)])
+    while not decoder.done:
+        decoder.step(2)
+    for row, prompt, n in zip(rows, prompts[3:], [10, 8]):
+        assert prompt + decoder.rows.new[row] == hf_greedy(target, prompt, n)
 
 
 @pytest.mark.parametrize("kind", ["model", "ngram"])
@@ -135,6 +157,21 @@ def test_rows_joining_and_leaving_stay_exact(tiny_pair, kind, settings, verify):
     assert chi_square_pvalue(counts, joint) > ALPHA
 
 
+def test_auto_gamma_times_each_batch_size_from_the_nearest_one(tiny_pair):
+    """AutoGamma keeps timings per batch size; a batch size seen for the first time starts from
+    the nearest one timed (no fixed-γ first round), and acceptance is one for the whole batch."""
+    target, draft = tiny_pair
+    driver = AutoGamma()
+    settings = [RowSettings(max_new_tokens=n, temperature=0, gamma=AUTO) for n in (4, 30, 30)]
+    decoder = start(target, drafters(draft)["model"](), PROMPTS[:3], settings)
+    while decoder.rows.active.numel() == 3:
+        driver.step(decoder)
+    two = driver.controller(decoder)  # first seen now: seeded from batch size 3
+    assert two.target and two.draft and two.target is not driver.controllers[
+        (id(decoder.lm.model), 3, decoder.drafter.name)].target
+    assert two.acceptance is driver.acceptance and "model" in driver.acceptance
+
+
 class FlatCosts(GammaController):
     """Measured timings replaced by a nearly flat T(k): drafting pays, so γ follows acceptance
     (the tiny draft costs about what the tiny target does, so real timings mostly choose 0)."""
@@ -172,7 +209,7 @@ def test_rows_with_gamma_auto_stay_exact(tiny_pair, kind, costs, settings, verif
     target, draft = tiny_pair
     prompt = NGRAM_PROMPT if kind == "auto" else PROMPTS[4]
     joint = target_joint(target, prompt, 2, SamplingConfig(**settings))
-    make = (lambda: AutoDrafter(ModelDrafter(draft))) if kind == "auto" else drafters(draft)[kind]
+    make = drafters(draft)[kind]
     mine = lambda seed: RowSettings(max_new_tokens=3, seed=seed, gamma=AUTO, verify=verify, **settings)
     driver = RecordingAutoGamma(costs)
     counts, accepted = sample_joining_rows(target, make, prompt, mine, driver.step)

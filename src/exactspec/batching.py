@@ -245,12 +245,19 @@ class AutoGamma:
         self.controllers: dict[tuple, GammaController] = {}
 
     def controller(self, decoder) -> GammaController:
-        """The controller for the decoder's target, drafter and batch size now."""
+        """The controller for the decoder's target, drafter and batch size now. A batch size not
+        timed yet starts from the timings of the nearest one that was (rather than a first round
+        at a fixed γ, which for a draft that sat rounds out means a long catch-up pass)."""
         target_key = (id(decoder.lm.model), decoder.rows.active.numel())
         key = (*target_key, decoder.drafter.name)
         if key not in self.controllers:
             controller = self.controller_type.shared(target_key, key)
             controller.acceptance = self.acceptance
+            timed = [k for k, c in self.controllers.items() if k[::2] == key[::2] and c.target]
+            if timed and not controller.target:
+                nearest = self.controllers[min(timed, key=lambda k: abs(k[1] - key[1]))]
+                controller.target.update({k: list(v) for k, v in nearest.target.items()})
+                controller.draft.update({s: list(v) for s, v in nearest.draft.items()})
             self.controllers[key] = controller
         return self.controllers[key]
 

@@ -115,7 +115,10 @@ class CachedModel:
         live = self.valid.any(dim=0)  # [T]
         keep = int(live.nonzero().max()) + 1 if live.any() else 0
         if keep < self.length:
-            self.cache.crop(keep - self.length)
+            if keep:
+                self.cache.crop(keep - self.length)
+            else:  # a fresh cache: `select` would skip empty layers, leaving their old batch size
+                self.cache = DynamicCache()
             self.valid = self.valid[:, :keep]
 
     def compact(self) -> None:

@@ -59,7 +59,8 @@ class AutoDrafter:
 
     def join(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
         """New rows (left-padded prompts [n, L]) join at a round boundary (continuous batching):
-        both drafters take them, so either may propose the next round, chosen afresh."""
-        self.model.join(input_ids, valid)
+        both drafters take them, so either may propose the next round, chosen afresh. The model
+        draft takes them lazily: its cache catches up only when it next drafts (often never)."""
+        self.model.join(input_ids, valid, lazy=True)
         self.lookup.join(input_ids, valid)
         self.source = None

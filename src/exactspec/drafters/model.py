@@ -96,17 +96,20 @@ class ModelDrafter:
         self.lm.select(rows)
         self.pending, self.pending_valid = self.pending[rows], self.pending_valid[rows]
 
-    def join(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
+    def join(self, input_ids: torch.Tensor, valid: torch.Tensor, lazy: bool = False) -> None:
         """New rows (left-padded prompts [n, L]) join at a round boundary: their prompts minus the
         last token are prefilled on their own and merged into the cache; the last prompt token is
-        pending, like the last committed token of the running rows."""
+        pending, like the last committed token of the running rows. lazy: nothing is run now,
+        the whole prompt is pending (the cache catches up when this drafter next proposes: for a
+        draft that often sits rounds out, like the auto draft's model)."""
         other = CachedModel(self.model, self.name, self.lm.vocab_size, input_ids.size(0))
-        if input_ids.size(1) > 1:
+        if not lazy and input_ids.size(1) > 1:
             other.prefill(input_ids[:, :-1], valid[:, :-1])
         self.lm.merge(other)
-        width = max(self.pending.size(1), 1)
+        new = (input_ids, valid) if lazy else (input_ids[:, -1:], valid[:, -1:])
+        width = max(self.pending.size(1), new[0].size(1))
         pending = [_left_pad_holes(self.pending, self.pending_valid, width),
-                   _left_pad_holes(input_ids[:, -1:], valid[:, -1:], width)]
+                   _left_pad_holes(*new, width)]
         self.pending = torch.cat([pending[0][0], pending[1][0]])  # [B+n, width]
         self.pending_valid = torch.cat([pending[0][1], pending[1][1]])  # [B+n, width]
 
