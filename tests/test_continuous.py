@@ -202,8 +202,8 @@ def test_rows_with_gamma_auto_stay_exact(tiny_pair, kind, costs, settings, verif
     """The same whole-generation test with the joined rows' gamma "auto": each round's γ comes
     from the server's `AutoGamma` (timings per batch size, acceptance shared by the rows that come
     and go; the fillers keep their fixed γ), and with the auto draft the batch switches between
-    prompt lookup and the model draft. With measured timings γ is mostly 0 on these tiny models;
-    with flat costs it follows acceptance. Chi-square of the first 2 tokens against the target's
+    prompt lookup and the model draft. With measured timings γ is mostly 0 on these tiny models
+    (whatever path it takes, the test must hold); with flat costs it follows acceptance. Chi-square of the first 2 tokens against the target's
     exact joint, false-failure rate α = 1e-6 per case. The γ path follows timings, so runs may
     differ, but every path gives an exact sample: the test holds whichever is taken."""
     target, draft = tiny_pair
@@ -214,6 +214,5 @@ def test_rows_with_gamma_auto_stay_exact(tiny_pair, kind, costs, settings, verif
     driver = RecordingAutoGamma(costs)
     counts, accepted = sample_joining_rows(target, make, prompt, mine, driver.step)
     assert chi_square_pvalue(counts, joint) > ALPHA
-    assert len(set(driver.chosen)) > 1  # γ changed from round to round
-    if costs is FlatCosts:
-        assert accepted > 100 and max(driver.chosen) >= 2
+    if costs is FlatCosts:  # γ followed acceptance and changed from round to round
+        assert accepted > 100 and max(driver.chosen) >= 2 and 0 in driver.chosen

@@ -64,7 +64,8 @@ def test_summary_medians_percentiles_and_table(capsys):
     assert level.ttft_p50_s == pytest.approx(0.2)
     levels = [{**vars(level), "vs_plain": 1.0}]
     print_serve_bench({"settings": dict(target="t", draft="none", gamma="auto", max_tokens=4,
-                                        temperature=0.0, repeats=2),
+                                        temperature=0.0, repeats=2, cpus=2,
+                                        load_average_1min={"start": 0.5, "end": 1.5}),
                        "levels": levels, "greedy_agree": {"prompts": 2, "identical": 2}})
     out = capsys.readouterr().out
     assert "total tok/s" in out and "TTFT p95 s" in out and "8.5" in out and "2 of 2 prompts" in out

@@ -225,6 +225,8 @@ class ContinuousBatching:
 
 
 ACCEPTANCE_WINDOW = 512  # drafts and rejections per source after which older ones weigh half
+PAYOFF_SMOOTHING = 0.25  # weight of the newest drafting round in a source's payoff
+PROBE_SHARE = 0.01  # the most of the serving time that drafting rounds that do not pay may take
 
 
 class AutoGamma:
@@ -235,14 +237,30 @@ class AutoGamma:
     by whatever rows come and go, counted over a sliding window (past ACCEPTANCE_WINDOW the old
     counts are halved) so it follows the traffic; the timings T(k) and the draft's cost are kept
     per batch size (a pass over 8 rows costs more than over 1) and for the process, as in
-    `exactspec.engine`. Each round's γ comes from rounds already run (the past-only rule), so
-    every round stays an exact sample of the next tokens; which γ that is follows measured
-    timings, so a seeded request under "auto" is exact but not bit-reproducible."""
+    `exactspec.engine`.
+
+    The controller predicts from the target's pass times; a round also costs what it does not
+    see: a model draft that sat rounds out catches up on every row's tokens when it drafts (on a
+    busy batch, several plain steps' worth), and verifying takes its time. So AutoGamma checks
+    what drafting delivered: the payoff of each source at each batch size, tokens per second of
+    its drafting rounds over those of a plain step (T(1)), smoothed. While it is below 1, that
+    source drafts again at that batch size only when the rounds since its last drafting round
+    there took 1/PROBE_SHARE times that round's extra cost (so such tries cost at most about
+    PROBE_SHARE of the time), and a round that pays lifts it.
+
+    Every choice looks only at rounds already run (the past-only rule), so every round stays an
+    exact sample of the next tokens; which γ is used follows measured timings, so a seeded request
+    under "auto" is exact but not bit-reproducible."""
 
     def __init__(self, controller_type=GammaController):
         self.controller_type = controller_type
         self.acceptance: dict = {}
         self.controllers: dict[tuple, GammaController] = {}
+        # per (source, batch size): the payoff (see above), the seconds of all rounds since its
+        # last drafting round, and what that round took beyond T(1)
+        self.payoff: dict[tuple[str, int], float] = {}
+        self.since_drafting: dict[tuple[str, int], float] = {}
+        self.extra_cost: dict[tuple[str, int], float] = {}
 
     def controller(self, decoder) -> GammaController:
         """The controller for the decoder's target, drafter and batch size now. A batch size not
@@ -266,11 +284,30 @@ class AutoGamma:
         drafter, per_row = decoder.drafter, decoder.per_row
         source = drafter.next_source()
         controller = self.controller(decoder)
-        auto = any(row.gamma == AUTO for row in per_row.settings)
-        report = decoder.step(controller.choose(source) if auto else 0)
+        key = (source, decoder.rows.active.numel())
+        gamma = controller.choose(source) if any(row.gamma == AUTO for row in per_row.settings) else 0
+        plain = controller.target_seconds(1) if gamma and controller.target else None
+        if plain and self.payoff.get(key, 1.0) < 1 and (
+                self.since_drafting.get(key, 0.0) * PROBE_SHARE < self.extra_cost.get(key, 0.0)):
+            gamma = 0  # drafting has not paid lately, and its next try is not due yet
+        report = decoder.step(gamma)
         controller.observe(source, per_row.drafted, report.num_accepted, report.target_tokens,
                            report.draft_seconds, report.target_seconds, report.draft_calls)
+        seconds = report.draft_seconds + report.target_seconds
+        for name in self.since_drafting.keys() | {key}:
+            self.since_drafting[name] = self.since_drafting.get(name, 0.0) + seconds
+        if gamma and plain:
+            self._learn_payoff(key, report, seconds, plain)
         for stats in self.acceptance.values():
             if stats.accepted + stats.rejected > ACCEPTANCE_WINDOW:
                 stats.accepted, stats.rejected = stats.accepted // 2, stats.rejected // 2
         return report
+
+    def _learn_payoff(self, key: tuple[str, int], report, seconds: float, plain: float) -> None:
+        """A drafting round (source, batch size) took `seconds` where a plain step takes `plain`."""
+        rows = report.num_accepted.numel()
+        payoff = (int(report.num_accepted.sum()) + rows) / seconds / (rows / plain)
+        old = self.payoff.get(key)
+        self.payoff[key] = payoff if old is None else (
+            (1 - PAYOFF_SMOOTHING) * old + PAYOFF_SMOOTHING * payoff)
+        self.since_drafting[key], self.extra_cost[key] = 0.0, max(seconds - plain, 0.0)

@@ -131,7 +131,9 @@ def print_serve_bench(result: dict) -> None:
     settings = result["settings"]
     print(f"\n{settings['target']}: drafting = --draft {settings['draft']} --gamma "
           f"{settings['gamma']}, plain = --draft none; {settings['max_tokens']} tokens per request, "
-          f"temperature {settings['temperature']:g}, median of {settings['repeats']} run(s)")
+          f"temperature {settings['temperature']:g}, median of {settings['repeats']} run(s); "
+          f"load average {settings['load_average_1min']['start']:.2f} at the start, "
+          f"{settings['load_average_1min']['end']:.2f} at the end, {settings['cpus']} CPUs")
     print_table(result["levels"], BENCH_COLUMNS)
     agree = result["greedy_agree"]
     if agree is not None:

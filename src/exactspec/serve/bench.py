@@ -221,6 +221,7 @@ def run_serve_bench(target: str, *, draft: str = "auto", gamma: str = "auto",
     max_batch = max_batch or max(concurrencies)
     runs: dict[tuple[str, int], list] = {(m.name, c): [] for m in modes for c in concurrencies}
     servers: dict[str, ServerProcess] = {}
+    load = {"start": os.getloadavg()[0]}  # other work on the machine skews every figure
     try:
         for mode in modes:  # both load at once
             servers[mode.name] = ServerProcess(target, mode, max_batch)
@@ -238,6 +239,7 @@ def run_serve_bench(target: str, *, draft: str = "auto", gamma: str = "auto",
                     if log:
                         log(f"repeat {repeat + 1}/{repeats}, concurrency {c}, {mode.name}: "
                             f"{sum(t.tokens for t in run[0]) / run[1]:.1f} tokens/s")
+        load["end"] = os.getloadavg()[0]
     finally:
         for server in servers.values():
             server.close()
@@ -248,7 +250,8 @@ def run_serve_bench(target: str, *, draft: str = "auto", gamma: str = "auto",
     settings = dict(target=target, draft=draft, gamma=gamma, concurrencies=list(concurrencies),
                     requests_per_level=[per_level * c for c in concurrencies], max_tokens=max_tokens,
                     repeats=repeats, temperature=temperature, max_batch=max_batch,
-                    prompts=len(prompts), warmup=warmup)
+                    prompts=len(prompts), warmup=warmup, cpus=os.cpu_count(),
+                    load_average_1min=load)
     return {"settings": settings, "levels": [asdict(level) for level in levels],
             "greedy_agree": _greedy_agree(runs) if temperature == 0 else None}
 
