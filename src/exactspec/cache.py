@@ -22,6 +22,8 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from exactspec.models.loaded import input_device
+
 
 def _cache_argument(model: torch.nn.Module) -> str:
     """Transformers 5 names the cache argument `cache`; older releases `past_key_values`."""
@@ -34,7 +36,7 @@ class CachedModel:
 
     def __init__(self, model: torch.nn.Module, name: str, vocab_size: int, batch_size: int = 1):
         self.model, self.name, self.vocab_size = model, name, vocab_size
-        self.device = next(model.parameters()).device
+        self.device = input_device(model)
         self._cache_arg = _cache_argument(model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.cache = DynamicCache()
@@ -60,7 +62,7 @@ class CachedModel:
         logits are computed: a prompt's output layer would otherwise cost more than a step."""
         keep = {"logits_to_keep": 1} if self._keeps_logits else {}
         output, positions = self._run(tokens, valid, **keep)
-        logits = output.logits[:, -1:, : self.vocab_size]  # [B, 1, V]
+        logits = output.logits[:, -1:, : self.vocab_size].to(self.device)  # [B, 1, V]
         self._check_finite(logits, valid[:, -1:], positions[:, -1:])
         return logits[:, 0]  # [B, V]
 
@@ -71,7 +73,7 @@ class CachedModel:
         if valid is None:
             valid = torch.ones_like(tokens, dtype=torch.bool)
         output, positions = self._run(tokens, valid)
-        logits = output.logits[..., : self.vocab_size]  # [B, n, V]
+        logits = output.logits[..., : self.vocab_size].to(self.device)  # [B, n, V]
         self._check_finite(logits, valid, positions)
         return logits
 

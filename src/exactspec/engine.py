@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from exactspec import distributed
 from exactspec.batching import DRAFT, ContinuousBatching, left_pad
 from exactspec.cache import CachedModel
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController
@@ -273,7 +274,7 @@ class Decoder(ContinuousBatching):
         self.lm = CachedModel(model, name, vocab, ids.size(0))
         self.ids, self.valid = ids.to(self.lm.device), valid.to(self.lm.device)
         self.drafter, self.sampling, self.verify = drafter, sampling, verify
-        self.generator = _generator(seed, self.lm.device)
+        self.generator = _generator(distributed.agree_seed(seed), self.lm.device)  # same on every rank
         self.clock = _Clock(self.lm.device)
         eos = _eos_set(eos_token_id, (model, tokenizer))
         self.rows = _Rows(ids.size(0), max_new_tokens, eos, self.clock, on_tokens)
@@ -356,12 +357,14 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
     by_source: dict[str, int] = {}
     while not decoder.done:
         source = drafter.next_source()
-        report = decoder.step(controller.choose(source) if controller else gamma)
+        report = decoder.step(distributed.from_leader(controller.choose(source)) if controller else gamma)
+        distributed.check_round(decoder.rows.new, decoder.rounds)
         if controller:
             controller.observe(source, report.drafted, report.num_accepted, report.target_tokens,
                                report.draft_seconds, report.target_seconds, report.draft_calls)
         kind = source if report.drafted else "plain"
         by_source[kind] = by_source.get(kind, 0) + 1
+    distributed.check_same(decoder.rows.new, "the end")  # tensor-parallel ranks agree
     out = decoder.output()
     out.rounds_by_source = by_source
     return out

@@ -12,6 +12,21 @@ class CliError(Exception):
     """A problem with the user's input, printed as one line."""
 
 
+def start_tp(option: str = "--tp") -> int:
+    """Join torchrun's process group for a tensor-parallel target; return the number of ranks.
+    Only rank 0 prints: the other ranks' stdout goes to /dev/null (their errors still reach
+    stderr). A CliError naming the option when torchrun did not start this process."""
+    from exactspec import distributed
+
+    try:
+        distributed.init()
+    except ValueError as err:
+        raise CliError(f"{option}: {err}") from None
+    if not distributed.is_leader():
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
+    return distributed.world()[1]
+
+
 def parse_int(option: str, text, minimum: int) -> int:
     """An integer option >= minimum, or a CliError naming the option and the value."""
     kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"

@@ -6,7 +6,7 @@ import math
 import sys
 import time
 
-from exactspec.cli.common import CliError, print_json, print_table, read_prompts
+from exactspec.cli.common import CliError, print_json, print_table, read_prompts, start_tp
 from exactspec.controller import MAX_GAMMA
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -37,6 +37,9 @@ def register(subparsers) -> None:
     gen.add_argument("--draft-dtype", choices=("float32", "bfloat16", "float16"),
                      help="load the draft in this dtype (overrides @DTYPE in --draft)")
     gen.add_argument("--stream", action="store_true", help="print text as rounds finish")
+    gen.add_argument("--tp", action="store_true",
+                     help="split the target over the ranks of `torchrun --nproc-per-node N` "
+                          "(tensor parallelism; the draft is whole on every rank; rank 0 prints)")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.set_defaults(func=run_generate)
 
@@ -74,15 +77,18 @@ def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    from exactspec.distributed import is_leader
+
+    if is_leader():  # under torchrun, rank 0 speaks for all
+        print(message, file=sys.stderr, flush=True)
 
 
-def _load(spec: str, dtype: str | None = None, option: str = "--target"):
+def _load(spec: str, dtype: str | None = None, option: str = "--target", tp: bool = False):
     from exactspec.models import load_model
 
     start = time.perf_counter()
     try:
-        loaded = load_model(spec, dtype=dtype)
+        loaded = load_model(spec, dtype=dtype, tp=tp)
     except (ValueError, OSError) as err:  # one line naming the option (the clear-errors rule)
         raise CliError(f"{option}: {err}") from None
     _log(f"loaded {loaded.spec} in {time.perf_counter() - start:.1f} s")
@@ -144,7 +150,8 @@ def run_generate(args) -> int:
         raise CliError("give a prompt (or several, or --prompts FILE)")
     if args.stream and len(prompts) > 1:
         raise CliError(f"--stream works with one prompt, got {len(prompts)}")
-    target = _load(args.target)
+    tp = start_tp("--tp") if args.tp else None  # the number of ranks
+    target = _load(args.target, tp=args.tp)
     draft = _draft(args.draft, target, args.draft_dtype)
     input_ids, mask = encode_batch(target, prompts, args.chat)
     stream = TextStream(target.tokenizer) if args.stream and not args.json else None
@@ -158,7 +165,7 @@ def run_generate(args) -> int:
                         "text": target.tokenizer.decode(new_ids, skip_special_tokens=True)})
     if args.json:
         head = {"target": target.spec, "draft": _draft_name(draft), "gamma": args.gamma,
-                "verify": args.verify}
+                "verify": args.verify, **({"tp": tp} if tp else {})}
         if len(results) == 1:
             print_json({**head, **results[0]})
         else:

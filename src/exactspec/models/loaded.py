@@ -63,6 +63,17 @@ def unwrap_model(obj, role: str = "model") -> tuple[Any, Any, str]:
                      f"got {type(obj).__name__}")
 
 
+def input_device(model) -> torch.device:
+    """The device a model's inputs go to: its first parameter's, or, for a model that accelerate
+    dispatched over devices (`device_map`; offloaded weights wait on the "meta" device until
+    their layer runs), the first device of its map that is not "cpu" or "disk", else the CPU."""
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map:
+        devices = [d for d in device_map.values() if d not in ("cpu", "disk")]
+        return torch.device(devices[0] if devices else "cpu")  # an int d means cuda:d
+    return next(model.parameters()).device
+
+
 def _model_name(model) -> str:
     return getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
 

@@ -35,11 +35,12 @@ import os
 import re
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
 import torch
 
-from exactspec.models.loaded import LoadedModel
+from exactspec.models.loaded import LoadedModel, input_device
 
 logger = logging.getLogger(__name__)
 
@@ -264,12 +265,30 @@ def _has_tokenizer(folder: Path) -> bool:
     return any((folder / f).is_file() for f in _TOKENIZER_FILES)
 
 
-def _load_hf(source: str, torch_dtype: torch.dtype, *, local_only: bool, tokenizer: bool = True):
+def _load_hf(source: str, torch_dtype: torch.dtype, *, local_only: bool, tokenizer: bool = True,
+             placement: dict | None = None):
+    """Model and tokenizer from a folder or hub id; `placement` adds `from_pretrained` arguments
+    that place the weights (`_placement`: tensor-parallel shards, or an accelerate device map)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _quiet_progress():
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
-                                                     local_files_only=local_only)
+    placement = dict(placement or {})
+    if "distributed_config" in placement:  # built here: it reads the model's config
+        from exactspec.distributed import tp_arguments
+
+        placement = tp_arguments(source, local_only)
+    temporary = None
+    if "device_map" in placement and placement["offload_folder"] is None:
+        temporary = placement["offload_folder"] = tempfile.mkdtemp(prefix="exactspec-offload-")
+    try:
+        with _quiet_progress():
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
+                                                         local_files_only=local_only, **placement)
+    except BaseException:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    if temporary is not None:  # the offloaded weights' folder goes with the model
+        weakref.finalize(model, shutil.rmtree, temporary, True)
     tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only) if tokenizer else None
     return model, tok
 
@@ -306,13 +325,51 @@ def _resolve_hub(name: str) -> bool:
     return False
 
 
+def _placement(device, tp: bool, device_map, max_memory, offload_folder) -> dict:
+    """`from_pretrained` arguments placing the weights, after checking that the ways to place
+    them are not mixed: `tp` (tensor-parallel shards, one per torchrun rank), `device_map`
+    (accelerate: layers over devices, the rest offloaded to the CPU or to disk), or `device`."""
+    if tp and (device_map is not None or device is not None):
+        which = "device_map" if device_map is not None else "device"
+        raise ValueError(f"tp=True places the weights itself (one shard per rank); "
+                         f"{which}={device_map if device_map is not None else device!r} cannot be given with it")
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            raise ValueError(f"max_memory and offload_folder need a device_map (e.g. \"auto\"), "
+                             f"got device_map=None")
+        return {"distributed_config": None} if tp else {}
+    if device is not None:
+        raise ValueError(f"device={device!r} cannot be given with device_map={device_map!r}")
+    if not (device_map in ("auto", "balanced", "sequential") or isinstance(device_map, dict)):
+        raise ValueError(f"device_map must be 'auto', 'balanced', 'sequential' or a dict, got {device_map!r}")
+    try:
+        import accelerate  # noqa: F401
+    except ModuleNotFoundError:
+        raise ValueError(f"device_map={device_map!r} needs the accelerate package: "
+                         "pip install accelerate") from None
+    return {"device_map": device_map, "max_memory": max_memory,
+            "offload_folder": os.fspath(offload_folder) if offload_folder else None}
+
+
 def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | torch.dtype | None = None,
-               device: str | torch.device | None = None) -> LoadedModel:
+               device: str | torch.device | None = None, *, tp: bool = False,
+               device_map: str | dict | None = None, max_memory: dict | None = None,
+               offload_folder: str | os.PathLike | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer from a model spec ``NAME_OR_PATH[@DTYPE]``.
 
     dtype: "float32" (default), "bfloat16" or "float16"; may also come from the spec's ``@DTYPE``
     (giving both with different values is an error). device: "cpu" or "cuda" (default: cuda when
     present). The model is returned in eval mode with gradients off.
+
+    Past one device (each needs the accelerate package):
+
+    - tp=True: a tensor-parallel model under torchrun, one shard per rank (Transformers'
+      ``DistributedConfig(tp_size=WORLD_SIZE)``; `exactspec.distributed`), on cuda:LOCAL_RANK or
+      the CPU. Every rank must call this at the same point. The heads must split evenly.
+    - device_map ("auto", "balanced", "sequential" or a dict) with max_memory (e.g.
+      ``{0: "20GiB", "cpu": "64GiB"}``): accelerate places the layers over the devices and
+      offloads what does not fit to the CPU, then to disk (into offload_folder, by default a
+      temporary folder removed with the model). Inputs go to the first device of the map.
 
     Raises ValueError naming the parameter and value for an unknown model, dtype or device, and
     :class:`BundledModelMissing` (a FileNotFoundError) with the install command when the bundled
@@ -322,7 +379,13 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
     if spec_dtype is not None and dtype is not None and resolve_dtype(dtype) != DTYPES[spec_dtype]:
         raise ValueError(f"dtype {dtype!r} contradicts the model spec {name_or_path!r}")
     torch_dtype = resolve_dtype(dtype if dtype is not None else spec_dtype)
-    torch_device = resolve_device(device)
+    placement = _placement(device, tp, device_map, max_memory, offload_folder)
+    if tp:
+        from exactspec.distributed import init
+
+        torch_device = init()
+    else:
+        torch_device = resolve_device(device)
 
     path = Path(name).expanduser()
     if name.lower() == BUNDLED_MODEL:
@@ -331,24 +394,27 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
         key = f"{BUNDLED_MODEL}-{BUNDLED_PACKAGE}-{version}-{_CACHE_FORMAT}"
         folder = _cached_conversion(gguf, key, _gguf_meta(gguf, package=BUNDLED_PACKAGE,
                                                              version=version))
-        model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True)
+        model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True, placement=placement)
     elif path.is_file():
         if path.suffix.lower() != ".gguf":
             raise _unknown_model(name, "it is a file, and the only model file accepted is a .gguf")
         folder = _cached_conversion(path, _gguf_cache_key(path), _gguf_meta(path))
-        model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True)
+        model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True, placement=placement)
     elif path.is_dir():
         if not (path / "config.json").is_file():
             raise _unknown_model(name, "the folder has no config.json")
         model, tokenizer = _load_hf(str(path), torch_dtype, local_only=True,
-                                    tokenizer=_has_tokenizer(path))
+                                    tokenizer=_has_tokenizer(path), placement=placement)
     elif name.lower().endswith(".gguf") or not _HUB_ID.match(name):
         raise _unknown_model(name, "no such file or folder")
     else:
         local = _resolve_hub(name)
-        model, tokenizer = _load_hf(name, torch_dtype, local_only=local)
+        model, tokenizer = _load_hf(name, torch_dtype, local_only=local, placement=placement)
 
-    model.to(torch_device)
+    if placement:  # placed by Transformers or accelerate: inputs go where its first layer runs
+        torch_device = input_device(model)
+    else:
+        model.to(torch_device)
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, dtype=torch_dtype,
