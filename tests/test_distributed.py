@@ -119,6 +119,49 @@ def test_generate_cli_under_torchrun_prints_once(models, tmp_path):
     assert tp["token_ids"] == json.loads(whole.stdout)["token_ids"]
 
 
+def test_serve_under_torchrun_rank0_serves_and_rank1_follows(models, tmp_path):
+    """`torchrun ... -m exactspec serve --tp`, every round checked across ranks
+    (EXACTSPEC_TP_CHECK=round): concurrent requests of different lengths share batches; greedy
+    answers equal the whole model's greedy decoding; a seeded sampled request repeats."""
+    import concurrent.futures
+    import signal
+
+    openai = pytest.importorskip("openai", reason="the openai client is not installed")
+    from test_replicas import _wait_healthy
+
+    from exactspec.serve.replicas import free_port
+
+    port = free_port("127.0.0.1")
+    args = ["-m", "exactspec", "serve", "--tp", "--port", str(port), "--target", str(models[0]),
+            "--draft", f"auto:{models[1]}", "--model-name", "tiny"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EXACTSPEC_TP_CHECK": "round",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                "--nproc-per-node", "2", *args], env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                               max_retries=0, timeout=60)
+        ask = lambda i: client.completions.create(  # noqa: E731
+            model="tiny", prompt="w1 w2 w3", max_tokens=12 if i % 2 else 6 + i,
+            temperature=0 if i % 2 else 1, seed=None if i % 2 else 7,
+            extra_body={"gamma": 3}).choices[0].text  # a fixed γ: a seed then repeats exactly
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            texts = list(pool.map(ask, range(8)))
+        again = ask(0)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        stderr = process.communicate(timeout=60)[1]
+    whole = subprocess.run([sys.executable, "-m", "exactspec", "generate", "--target",
+                            str(models[0]), "--draft", "none", "--temperature", "0",
+                            "--max-new-tokens", "12", "--no-chat", "--json", "w1 w2 w3"],
+                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert "diverged" not in stderr
+    assert {texts[i] for i in (1, 3, 5, 7)} == {json.loads(whole.stdout)["text"]}
+    assert again == texts[0]
+
+
 def test_tp_outside_torchrun_is_refused(models, monkeypatch, capsys):
     from exactspec import load_model
     from exactspec.cli.main import main

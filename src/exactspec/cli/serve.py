@@ -8,8 +8,11 @@ from __future__ import annotations
 import signal
 import socket
 import sys
+import time
 
-from exactspec.cli.common import CliError, parse_float, parse_int, print_json, print_table
+from exactspec.cli.common import (
+    CliError, parse_float, parse_int, print_json, print_table, start_tp,
+)
 from exactspec.cli.generate import DEFAULT_DRAFT, DEFAULT_TARGET, _parse_gamma
 
 
@@ -34,6 +37,12 @@ def register(subparsers) -> None:
     serve.add_argument("--max-queue", default="64", help="requests waiting; more get 429 (default: 64)")
     serve.add_argument("--model-name", default=None,
                        help="the model id clients use (default: the --target spec)")
+    serve.add_argument("--replicas", default="1",
+                       help="N copies of the server, each with its own models and batch, behind "
+                            "one endpoint (Ray Serve, the 'ray' extra; default: 1, no Ray)")
+    serve.add_argument("--tp", action="store_true",
+                       help="split the target over the ranks of `torchrun --nproc-per-node N`: "
+                            "rank 0 serves, the other ranks follow its batches")
     serve.set_defaults(func=run_serve)
     _register_bench(subparsers)
 
@@ -48,10 +57,18 @@ def run_serve(args) -> int:
                        "pip install 'exactspec[serve]'") from None
     gamma = _parse_gamma(args.gamma)
     port = parse_int("--port", args.port, 0)
+    replicas = parse_int("--replicas", args.replicas, 1)
+    if replicas > 1 and args.tp:
+        raise CliError(f"--replicas {replicas} and --tp cannot be combined: each replica would "
+                       "need its own torchrun group")
     config = ServeConfig(target=args.target, draft=args.draft, gamma=gamma,
                          max_batch=parse_int("--max-batch", args.max_batch, 1),
                          max_queue=parse_int("--max-queue", args.max_queue, 0),
                          model_name=args.model_name)
+    if replicas > 1:
+        return _serve_replicas(config, replicas, args.host, port)
+    if args.tp and _serve_tp(config):
+        return 0  # a follower rank: rank 0 stopped serving
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -64,6 +81,47 @@ def run_serve(args) -> int:
     server = uvicorn.Server(uvicorn.Config(create_app(config), log_level="warning"))
     server.run(sockets=[sock])
     return 0
+
+
+def _serve_tp(config) -> bool:
+    """Join torchrun's ranks with the target split over them. Rank 0 returns False and serves;
+    the other ranks follow its batches and return True when it stops. The draft is whole on
+    every rank: "auto" drafts with the target's weights in bfloat16 loaded whole (a copy of the
+    sharded target would be sharded too)."""
+    from exactspec.distributed import is_leader
+    from exactspec.serve.lockstep import serve_follower
+
+    start_tp("--tp")
+    config.tp = True
+    if isinstance(config.draft, str) and config.draft.strip().lower() == "auto":
+        from exactspec.models import parse_model_spec
+
+        config.draft = f"auto:{parse_model_spec(config.target)[0]}@bfloat16"
+    if is_leader():
+        return False
+    serve_follower(config)
+    return True
+
+
+def _serve_replicas(config, replicas: int, host: str, port: int) -> int:
+    """Ray Serve: `replicas` servers behind host:port, until Ctrl-C or SIGTERM stops them all."""
+    try:
+        from exactspec.serve import replicas as ray_replicas
+
+        ray_replicas.check_ray()
+    except ModuleNotFoundError as err:
+        raise CliError(str(err)) from None
+    try:
+        url = ray_replicas.start(config, replicas, host=host, port=port)
+        # after ray.init, which installs a handler of its own that aborts the process
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stops Ray on the way out
+        print(f"exactspec serve: {replicas} replicas listening on {url} (models loaded)", flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        ray_replicas.stop()
 
 
 def _register_bench(subparsers) -> None:

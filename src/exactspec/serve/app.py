@@ -39,6 +39,7 @@ class ServeConfig:
     max_batch: int = 8
     max_queue: int = 64
     model_name: str | None = None  # the id clients use; default: the target spec as given
+    tp: bool = False  # the target split over torchrun's ranks: rank 0 serves (serve.lockstep)
 
 
 class ServerState:
@@ -59,11 +60,16 @@ class ServerState:
 
         try:
             config = self.config
-            target = load_model(config.target) if isinstance(config.target, str) else config.target
+            target = config.target
+            if isinstance(target, str):
+                target = load_model(target, tp=config.tp)
             make_drafter = _drafter_factory(config.draft, target)
             make_drafter()  # a bad spec fails now, not at the first request
             self.target, self.context = target, context_length(target)
-            self.scheduler = Scheduler(target, make_drafter, eos_ids=eos_token_ids(target), max_batch=config.max_batch,
+            scheduler_type = Scheduler
+            if config.tp:  # the other ranks follow this one's batches
+                from exactspec.serve.lockstep import LeaderScheduler as scheduler_type
+            self.scheduler = scheduler_type(target, make_drafter, eos_ids=eos_token_ids(target), max_batch=config.max_batch,
                                        max_queue=config.max_queue, context=self.context,
                                        metrics=self.metrics)
             self.scheduler.start()

@@ -48,6 +48,8 @@ class Job:
 class Scheduler:
     """Queue, admission, the round loop and cancellation; `submit` and `cancel` are thread-safe."""
 
+    decoder_type = Decoder  # a tensor-parallel server's leader sends each step to its followers
+
     def __init__(self, target, make_drafter, *, eos_ids: list[int], max_batch: int,
                  max_queue: int, context: int | None, metrics=None):
         self.target, self.make_drafter, self.eos = target, make_drafter, eos_ids
@@ -152,10 +154,10 @@ class Scheduler:
         settings = [job.settings for job in jobs]
         if self.decoder is None or self.decoder.done:
             self.running.clear()
-            self.decoder = Decoder(self.target, self.make_drafter(), ids, mask,
-                                   max_new_tokens=max(s.max_new_tokens for s in settings),
-                                   sampling=SamplingConfig(), seed=None, eos_token_id=self.eos,
-                                   verify="block", on_tokens=self._on_tokens)
+            self.decoder = self.decoder_type(
+                self.target, self.make_drafter(), ids, mask,
+                max_new_tokens=max(s.max_new_tokens for s in settings), sampling=SamplingConfig(),
+                seed=None, eos_token_id=self.eos, verify="block", on_tokens=self._on_tokens)
             self.decoder.use_row_settings(settings)
             rows = list(range(len(jobs)))
         else:
