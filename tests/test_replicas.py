@@ -14,15 +14,14 @@ import pytest
 
 from conftest import make_tiny_llama, make_tiny_tokenizer
 
-pytest.importorskip("ray.serve", reason="Ray Serve is not installed (the 'ray' extra: "
-                                        "pip install 'exactspec[ray]')")
-openai = pytest.importorskip("openai", reason="the openai client is not installed")
-psutil = pytest.importorskip("psutil", reason="psutil (installed with Ray) is not installed")
 
 
 @pytest.fixture
 def server(tmp_path):
     """The command running with 2 replicas of the tiny target: (process, URL)."""
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed (the 'ray' extra: "
+                                            "pip install 'exactspec[ray]')")
+    pytest.importorskip("openai", reason="the openai client is not installed")
     make_tiny_llama(0, num_layers=2).save_pretrained(tmp_path / "target")
     make_tiny_tokenizer().save_pretrained(tmp_path / "target")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
@@ -58,6 +57,9 @@ def _wait_healthy(url: str, timeout: float = 60) -> None:
 def test_two_replicas_answer_concurrent_requests_and_stop_cleanly(server):
     """Concurrent greedy requests reach both replicas (the x-exactspec-replica header names
     each), every replica gives the same greedy text, and SIGTERM stops Ray and the replicas."""
+    import openai
+    import psutil  # installed with Ray
+
     process, url = server
     _wait_healthy(url)
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
@@ -84,3 +86,14 @@ def test_two_replicas_answer_concurrent_requests_and_stop_cleanly(server):
     assert process.wait(timeout=60) in (0, 143)
     _, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [p.name() for p in alive]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--replicas", "2", "--tp"], "--replicas 2 and --tp cannot be combined"),
+    (["--replicas", "0"], "--replicas must be a positive integer, got 0"),
+])
+def test_bad_replica_options_are_refused(argv, message, capsys):
+    from exactspec.cli.main import main
+
+    assert main(["serve", "--target", "nowhere", *argv]) == 2
+    assert message in capsys.readouterr().err
