@@ -61,7 +61,7 @@ def tp_run(models, tmp_path_factory):
 def test_both_ranks_commit_identical_tokens(tp_run):
     rank0, rank1 = tp_run
     assert rank0["world"] == rank1["world"] == 2
-    for key in ("plain", "gamma3", "gamma_auto", "sampled"):
+    for key in ("plain", "gamma3", "gamma_auto", "gathered", "sampled"):
         assert rank0[key] == rank1[key], key
 
 
@@ -73,6 +73,7 @@ def test_greedy_speculative_equals_greedy_plain_under_tp(tp_run, models):
     result = tp_run[0]
     assert result["gamma3"] == result["plain"]
     assert result["gamma_auto"] == result["plain"]
+    assert result["gathered"] == result["plain"]  # `local_copy`: the whole model on one rank
     whole = load_model(models[0])
     ids, mask = pad_prompts([torch.tensor(p) for p in PROMPTS])
     out = autoregressive_generate(whole, ids, attention_mask=mask, max_new_tokens=GREEDY_TOKENS,
@@ -207,6 +208,9 @@ def worker(target_dir: str, draft_dir: str, out_dir: str) -> None:
     os.environ[distributed.CHECK_ENV] = "round"  # the debug mode: checked every round
     result["gamma_auto"] = speculative_generate(target, draft, ids, gamma="auto", **greedy).sequences
     del os.environ[distributed.CHECK_ENV]
+    whole = distributed.local_copy(target.model, torch.float32)  # gathered from the shards
+    assert distributed.is_sharded(target.model) and not distributed.is_sharded(whole)
+    result["gathered"] = autoregressive_generate(whole, ids, **greedy).sequences
     result = {k: [s.tolist() for s in v] if k != "world" else v for k, v in result.items()}
     rows = torch.tensor([SAMPLED_PROMPT] * SAMPLED_ROWS)  # [N, L]
     sampled = speculative_generate(target, draft, rows, gamma=2, max_new_tokens=2,

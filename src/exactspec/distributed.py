@@ -117,9 +117,7 @@ def local_copy(model, dtype: torch.dtype):
     state = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).to(dtype)
              for name, t in model.state_dict().items()}
     config = copy.deepcopy(model.config)
-    for attribute in ("distributed_config", "base_model_tp_plan"):
-        if hasattr(config, attribute):
-            delattr(config, attribute)
+    config.__dict__.pop("distributed_config", None)  # a whole model: nothing to shard
     whole = AutoModelForCausalLM.from_config(config, dtype=dtype)
     whole.load_state_dict(state, strict=False)
     whole.tie_weights()
