@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,9 @@ def test_a_divergence_between_ranks_is_caught(tp_run):
     """Ranks that committed different tokens raise on every rank, naming the rank and the row."""
     for rank in tp_run:
         assert "rank 1 committed other tokens than rank 0 in row 1" in rank["divergence"]
+        # in a generation, with EXACTSPEC_TP_CHECK=round: caught after the first round
+        assert re.search(r"diverged at round 1: rank 1 committed other tokens than rank 0 in row",
+                         rank["seed_divergence"])
 
 
 def test_generate_cli_under_torchrun_prints_once(models, tmp_path):
@@ -222,6 +226,14 @@ def worker(target_dir: str, draft_dir: str, out_dir: str) -> None:
         result["divergence"] = "not caught"
     except RuntimeError as err:
         result["divergence"] = str(err)
+    os.environ[distributed.CHECK_ENV] = "round"
+    try:  # each rank its own seed: the first round already differs
+        speculative_generate(target, draft, ids, gamma=3, attention_mask=mask, max_new_tokens=8,
+                             temperature=1.0, seed=rank)
+        result["seed_divergence"] = "not caught"
+    except RuntimeError as err:
+        result["seed_divergence"] = str(err)
+    del os.environ[distributed.CHECK_ENV]
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
 
 

@@ -14,7 +14,9 @@ the whole round loop on the same committed tokens. The ranks stay in step becaus
 3. **checked, not assumed**: at the end of each generation an all-gather of every row's
    committed tokens must find them identical on every rank (`check_same`), and each round too
    when ``EXACTSPEC_TP_CHECK=round`` (a debug mode: one more collective per round). A mismatch
-   raises RuntimeError naming the rank and the row.
+   raises RuntimeError naming the rank and the row. Ranks that diverged may go on to run
+   different numbers of target passes, whose collectives then never match (a hang, not an
+   error): the per-round check stops them at the first round that differs.
 
 Only rank 0 prints or serves; the others follow it (`exactspec.serve.lockstep`).
 Collectives of the target run on the default process group (gloo on CPU, NCCL on GPUs); the
