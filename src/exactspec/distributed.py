@@ -63,7 +63,7 @@ def init() -> torch.device:
     global _control
     if not launched():
         raise ValueError("tensor parallelism needs one process per rank started by torchrun, "
-                         "e.g. `torchrun --standalone --nproc-per-node 2 -m exactspec generate "
+                         "e.g. `torchrun --standalone --nproc-per-node 2 -m exactspec COMMAND "
                          "--tp ...` (RANK and WORLD_SIZE are not set)")
     device = torch.device("cpu")
     if torch.cuda.is_available():
