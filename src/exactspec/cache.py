@@ -133,15 +133,16 @@ class CachedModel:
         slot = torch.arange(width, device=self.device) - (width - kept).unsqueeze(1)  # [B, T']
         index = order.gather(1, slot.clamp(min=0))  # [B, T']
         new_valid = slot >= 0  # [B, T']
-        for layer in self.cache.layers:
-            gather = index[:, None, :, None].expand(-1, layer.keys.size(1), -1, layer.keys.size(3))
+        for layer in self.cache.layers:  # an offloaded target's layers may sit on several devices
+            gather = index.to(layer.keys.device)[:, None, :, None].expand(
+                -1, layer.keys.size(1), -1, layer.keys.size(3))  # [B, H, T', D]
             layer.keys = layer.keys.gather(2, gather)
             layer.values = layer.values.gather(2, gather)
         self.valid = new_valid
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these rows (finished rows stop costing compute)."""
-        self.cache.batch_select_indices(rows.to(self.device))
+        self.cache.batch_select_indices(rows.cpu())  # CPU indices suit layers on any device
         self.valid = self.valid[rows.to(self.device)]
         self._crop_shared_holes()
 
