@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-from scipy import stats
+# As the CLI does (exactspec.cli.main): torch's OpenMP workers stop spinning sooner, so a
+# llama.cpp draft gets the cores. It must be set before torch loads.
+os.environ.setdefault("GOMP_SPINCOUNT", "20000")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from scipy import stats  # noqa: E402
 
 # Nothing in the tests may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

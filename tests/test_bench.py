@@ -6,7 +6,7 @@ import math
 import pytest
 
 from exactspec import costmodel
-from exactspec.bench.config import (BenchConfig, BenchPrompt, RunSpec, auto_model_spec,
+from exactspec.bench.config import (BenchConfig, BenchPrompt, RunSpec, auto_model_spec, default_drafts,
                                     parse_gammas, parse_verify, plan)
 from exactspec.bench.plot import plot_costmodel
 from exactspec.bench.report import build_costmodel, write_json
@@ -233,9 +233,21 @@ def test_auto_draft_shares_the_bf16_model_loaded_once(monkeypatch):
     assert isinstance(drafts["auto"], AutoDrafter)
     assert drafts["auto"].model.model is drafts["tiny-target@bfloat16"].model
     assert drafts["auto:tiny-draft"].model.model is models["tiny-draft"].model
-    assert auto_model_spec("auto", "smollm2-135m-instruct") == "smollm2-135m-instruct@bfloat16"
     assert auto_model_spec("auto", "some-model@float16") == "some-model@bfloat16"
     assert auto_model_spec("auto:d@float32", "t") == "d@float32"
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_auto_draft_of_a_gguf_target_is_llama_cpp_when_installed(installed, monkeypatch):
+    """A target loaded from a GGUF (the bundled model is) drafts with its own file through
+    llama.cpp when the llamacpp extra is installed, else with its bfloat16 copy."""
+    import exactspec.drafters
+
+    monkeypatch.setattr(exactspec.drafters, "llamacpp_available", lambda: installed)
+    for target in ("smollm2-135m-instruct", "/models/m.gguf@float32"):
+        name = target.split("@")[0]
+        assert auto_model_spec("auto", target) == ("llamacpp" if installed else f"{name}@bfloat16")
+    assert ("llamacpp" in default_drafts()) == installed
 
 
 def test_costmodel_by_hand():

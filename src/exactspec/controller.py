@@ -1,8 +1,8 @@
 """Adaptive γ: before each round, the γ that maximizes expected output tokens per expected second.
 
 The controller keeps, from rounds already run (the past-only rule, so the output stays exact):
-- T(k): the seconds of a target pass over k tokens per row, a running mean per k, and a
-  straight line through them for the k not seen yet;
+- T(k): the seconds of a target pass over k tokens per row, per k, and for the k not seen yet
+  a line between the nearest sizes seen;
 - the draft's seconds per proposed token, per source ("model", "ngram", ...);
 - α per source: kept drafts / (kept drafts + rejections) in this generation, the geometric
   model's estimate, starting from a uniform prior.
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 AUTO = "auto"
 MAX_GAMMA = 32  # the longest block anyone may ask for
 AUTO_MAX_GAMMA = 16  # the longest the controller chooses
-START_GAMMA = 2  # a source's first round, before its cost is known
+START_GAMMA = 4  # a source's first round, before its cost is known
 _RECENT = 8  # an estimate is the smallest of this many latest samples
-_PRIOR_SLOPE = 0.2  # extra cost per token, as a share of T(k), until two pass sizes are seen
+_PRIOR_SLOPE = 0.2  # past the pass sizes seen, a token costs this share of the cheapest pass
 _FIRST_PROBE, _LAST_PROBE, _REFRESH_PROBE = 4, 32, 64
 
 _TARGET_SECONDS: dict[object, dict[int, list[float]]] = {}  # past generations' T(k) samples
@@ -119,22 +119,26 @@ class GammaController:
         return tokens / (gamma * min(self.draft[source]) + self.target_seconds(gamma + 1))
 
     def target_seconds(self, k: int) -> float:
-        """T(k): measured when k was seen, else a least-squares line through the k seen. A size
-        whose pass took longer than k one-token passes is set aside as an outlier (a first
-        call's set-up, a busy moment) until it is measured again within that bound."""
+        """T(k): measured when k was seen, else read off a line between the nearest sizes seen
+        on either side; past the sizes seen, each further token costs _PRIOR_SLOPE of the
+        cheapest pass. Not a line through all sizes: on a CPU a pass of 2 or 3 tokens can cost
+        more than one of 4 to 8 (other matrix kernels), and such a fit would price long blocks
+        far too high. A size whose pass took longer than k one-token passes is set aside as an
+        outlier (a first call's set-up, a busy moment) until it is measured again within that
+        bound."""
         seen = {size: min(samples) for size, samples in self.target.items()}
         if 1 in seen:
             seen = {size: t for size, t in seen.items() if t <= size * seen[1]}
-        return seen[k] if k in seen else max(_line(seen, k), min(seen.values()))
+        return seen[k] if k in seen else _between(seen, k)
 
 
-def _line(seen: dict[int, float], k: int) -> float:
-    """A straight line through (size, seconds) at size k; one point gets a prior slope."""
-    sizes = sorted(seen)
-    if len(sizes) == 1:
-        return seen[sizes[0]] * (1 + _PRIOR_SLOPE * (k - sizes[0]))
-    mean_k = sum(sizes) / len(sizes)
-    mean_t = sum(seen.values()) / len(sizes)
-    slope = (sum((s - mean_k) * (seen[s] - mean_t) for s in sizes)
-             / sum((s - mean_k) ** 2 for s in sizes))
-    return mean_t + max(slope, 0.0) * (k - mean_k)
+def _between(seen: dict[int, float], k: int) -> float:
+    """The seconds of a k-token pass from the (size, seconds) seen at other sizes."""
+    below = max((s for s in seen if s < k), default=None)
+    above = min((s for s in seen if s > k), default=None)
+    if below is not None and above is not None:
+        return seen[below] + (seen[above] - seen[below]) * (k - below) / (above - below)
+    per_token = _PRIOR_SLOPE * min(seen.values())
+    if below is not None:
+        return seen[below] + per_token * (k - below)
+    return max(seen[above] - per_token * (above - k), per_token)

@@ -14,7 +14,6 @@ A row's output is exact however it is cut: a prefix of an exact sample is an exa
 """
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -389,13 +388,6 @@ def _output(ids, valid, rows: _Rows, lm: CachedModel, drafter, rounds: int,
     return GenerateOutput(sequences, total, rows.stats)
 
 
-def _bfloat16_copy(target):
-    """The default model draft: the target's own weights in bfloat16, sharing its tokenizer."""
-    model, tokenizer, name = unwrap_model(target, "target")
-    draft = copy.deepcopy(model).to(torch.bfloat16)
-    return (draft, tokenizer) if tokenizer is not None else draft
-
-
 @torch.inference_mode()
 def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int,
                             temperature: float = 1.0, top_k: int | None = None,
@@ -421,8 +413,9 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
     """Speculative decoding: each row's output follows the target's decoding distribution exactly.
 
     target: a Hugging Face causal LM or LoadedModel. draft: a model, a model spec, "ngram",
-    "auto" (prompt lookup or a bfloat16 copy of the target, round by round; "auto:SPEC" names the
-    model draft), or any drafter (see `exactspec.drafters.make_drafter`). gamma: drafts per round,
+    "auto" (prompt lookup or the target's default model draft, round by round: llama.cpp on the
+    target's own GGUF where it has one, else a bfloat16 copy; "auto:SPEC" names the model draft),
+    "llamacpp:PATH", or any drafter (see `exactspec.drafters.make_drafter`). gamma: drafts per round,
     or "auto" (chosen each round from measured costs and acceptance: `GammaController`), or a
     controller of your own with its `choose` and `observe` methods. input_ids[B, L] with an optional
     attention_mask (left or right padding). verify: "block" (joint block verification, never
@@ -436,7 +429,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
     sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling
     if verify not in VERIFY_RULES:
         raise ValueError(f"verify must be one of {VERIFY_RULES}, got {verify!r}")
-    drafter = make_drafter(draft, default_model=_bfloat16_copy(target) if draft == AUTO else None)
+    drafter = make_drafter(draft, target=target)
     return _generate(target, drafter, input_ids, attention_mask, gamma=gamma,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                      eos_token_id=eos_token_id, verify=verify, on_tokens=on_tokens)

@@ -12,9 +12,10 @@ decoding methods compared:
   γ = "default"), and ``model.generate(prompt_lookup_num_tokens=γ)`` for the n-gram draft, at
   γ in `HF_LOOKUP_GAMMAS` and every integer γ benchmarked. The auto draft has no peer.
 
-The **drafts** are model specs, "ngram" (prompt lookup) and "auto" / "auto:SPEC": prompt lookup
-when the context repeats, else the model draft SPEC (for "auto", the target's bfloat16 copy,
-`auto_model_spec`).
+The **drafts** are model specs, "llamacpp" / "llamacpp:PATH" (a GGUF run by llama.cpp; plain
+"llamacpp" is the target's own file), "ngram" (prompt lookup) and "auto" / "auto:SPEC": prompt
+lookup when the context repeats, else the model draft SPEC (for "auto", the target's default
+model draft, `auto_model_spec`).
 
 ``verify`` is the verification rule of a speculative configuration: "block" or "token".
 """
@@ -29,8 +30,8 @@ from exactspec.models import BUNDLED_MODEL, parse_model_spec
 METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted")
 VERIFY_ORDER = ("block", "token")  # the verification rules, in the order rows list them
 NGRAM = "ngram"
+LLAMACPP = "llamacpp"
 DEFAULT_TARGET = BUNDLED_MODEL
-DEFAULT_DRAFTS = (f"{BUNDLED_MODEL}@bfloat16", NGRAM, AUTO)
 DEFAULT_GAMMAS = (4, AUTO)
 HF_LOOKUP_GAMMAS = (4, 10)  # Transformers' prompt lookup: γ = 10 is the value its docs use
 DEFAULT_TEMPERATURES = (0.0, 0.8)
@@ -82,16 +83,38 @@ BUILTIN_PROMPTS: tuple[BenchPrompt, ...] = (
 # --------------------------------------------------------------------------- drafts and γ
 
 
+def default_drafts() -> tuple[str, ...]:
+    """The bundled target's bfloat16 copy, its own GGUF through llama.cpp (when the llamacpp extra
+    is installed), prompt lookup and the auto draft."""
+    from exactspec.drafters import llamacpp_available
+
+    llama = (LLAMACPP,) if llamacpp_available() else ()
+    return (f"{BUNDLED_MODEL}@bfloat16", *llama, NGRAM, AUTO)
+
+
+def is_llamacpp_draft(draft: str | None) -> bool:
+    """Whether a draft spec names a llama.cpp draft: "llamacpp" or "llamacpp:PATH"."""
+    return isinstance(draft, str) and draft.split(":")[0].lower() == LLAMACPP
+
+
 def is_auto_draft(draft: str | None) -> bool:
     """Whether a draft spec names the auto draft: "auto" or "auto:SPEC"."""
     return isinstance(draft, str) and (draft == AUTO or draft.startswith(f"{AUTO}:"))
 
 
 def auto_model_spec(draft: str, target: str) -> str:
-    """The model draft of an auto draft: SPEC for "auto:SPEC", else the target's bfloat16 copy
-    (the target's name with "@bfloat16", whatever dtype the target spec names)."""
+    """The model draft of an auto draft: SPEC for "auto:SPEC", else the target's default model
+    draft: "llamacpp" (its own GGUF through llama.cpp) for a target loaded from a GGUF file (the
+    bundled model is) when the llamacpp extra is installed, otherwise its bfloat16 copy (the
+    target's name with "@bfloat16", whatever dtype the target spec names)."""
+    from exactspec.drafters import llamacpp_available
+
     spec = draft[len(AUTO) + 1:] if draft.startswith(f"{AUTO}:") else ""
-    return spec or f"{parse_model_spec(target)[0]}@bfloat16"
+    if spec:
+        return spec
+    name = parse_model_spec(target)[0]
+    from_gguf = name.lower() == BUNDLED_MODEL or name.lower().endswith(".gguf")
+    return LLAMACPP if from_gguf and llamacpp_available() else f"{name}@bfloat16"
 
 
 def fixed_gammas(gammas) -> list[int]:
@@ -145,7 +168,7 @@ class BenchConfig:
     """What to run. Checked by `check()`; every list is non-empty."""
 
     target: str = DEFAULT_TARGET
-    drafts: list[str] = field(default_factory=lambda: list(DEFAULT_DRAFTS))
+    drafts: list[str] = field(default_factory=lambda: list(default_drafts()))
     gammas: list[int | str] = field(default_factory=lambda: list(DEFAULT_GAMMAS))
     temperatures: list[float] = field(default_factory=lambda: list(DEFAULT_TEMPERATURES))
     verify: list[str] = field(default_factory=lambda: list(VERIFY_ORDER))
@@ -219,11 +242,14 @@ class RunSpec:
 
 def peer_gammas(draft: str, gammas) -> list[int | str]:
     """The γ of a draft's hf_assisted rows: for "ngram", `HF_LOOKUP_GAMMAS` and every integer γ
-    benchmarked; for a model draft, every integer γ, then "default"; none for an auto draft."""
+    benchmarked; for a model draft, every integer γ, then "default"; none for an auto or a
+    llama.cpp draft."""
     if is_auto_draft(draft):
         return []
     if draft == NGRAM:
         return sorted(set(HF_LOOKUP_GAMMAS) | set(fixed_gammas(gammas)))
+    if is_llamacpp_draft(draft):  # Transformers cannot run a llama.cpp model
+        return []
     return [*fixed_gammas(gammas), "default"]
 
 

@@ -21,7 +21,8 @@ from typing import Callable
 import torch
 
 from exactspec.bench.config import (CURVE_MIN_GAMMA, NGRAM, WARMUP_TOKENS, BenchConfig, RunSpec,
-                                    auto_model_spec, fixed_gammas, is_auto_draft, plan)
+                                    auto_model_spec, fixed_gammas, is_auto_draft,
+                                    is_llamacpp_draft, plan)
 from exactspec.bench.report import (add_speedups, build_costmodel, build_summary, load_average,
                                     machine_info, summarize)
 from exactspec.bench.runners import Runner, RunResult
@@ -42,11 +43,12 @@ def load_models(config: BenchConfig, models: dict | None = None,
                 log: Callable[[str], None] = _silent) -> tuple[object, dict]:
     """Check `config`, set its torch threads, and return (target, drafts): LoadedModels, with each
     draft spec mapped to its LoadedModel, to "ngram", or for an auto draft to one `AutoDrafter`
-    (reused by every run: the engine restarts it) whose model draft is `auto_model_spec`; model
-    drafts are checked against the target's vocabulary. models: LoadedModels by spec, used
+    (reused by every run: the engine restarts it) whose model draft is `auto_model_spec`, and a
+    llama.cpp draft to its drafter (restarted likewise); model drafts are checked against the
+    target's vocabulary. models: LoadedModels by spec, used
     instead of loading; a spec named twice (an auto draft's model and the same model as a draft
     of its own) is loaded once."""
-    from exactspec.drafters import AutoDrafter, ModelDrafter
+    from exactspec.drafters import AutoDrafter, ModelDrafter, make_drafter
     from exactspec.models import check_compatible, load_model
 
     config.check()
@@ -61,15 +63,24 @@ def load_models(config: BenchConfig, models: dict | None = None,
             log(f"loaded {spec} in {time.perf_counter() - t0:.1f} s")
         return loaded[spec]
 
+    def model_draft(spec: str):
+        if is_llamacpp_draft(spec):  # a drafter the engine restarts for each generation
+            drafter = make_drafter(spec, target=target)
+            drafter.bind(target, 1)
+            return drafter, drafter
+        model = get(spec)
+        check_compatible(target, model)
+        return model, ModelDrafter(model)
+
     target = get(config.target)
     drafts = {}
     for spec in config.drafts:
         if spec == NGRAM:
             drafts[spec] = NGRAM
-            continue
-        model = get(auto_model_spec(spec, config.target) if is_auto_draft(spec) else spec)
-        check_compatible(target, model)
-        drafts[spec] = AutoDrafter(ModelDrafter(model)) if is_auto_draft(spec) else model
+        elif is_auto_draft(spec):
+            drafts[spec] = AutoDrafter(model_draft(auto_model_spec(spec, config.target))[1])
+        else:
+            drafts[spec] = model_draft(spec)[0]
     return target, drafts
 
 

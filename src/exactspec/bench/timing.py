@@ -9,7 +9,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from exactspec.bench.config import NGRAM, is_auto_draft
+from exactspec.bench.config import NGRAM, is_auto_draft, is_llamacpp_draft
 from exactspec.engine import synchronize
 
 
@@ -81,8 +81,31 @@ def measure_timings(target, drafts: dict, context_ids: torch.Tensor, max_gamma: 
             continue
         if draft == NGRAM:
             seconds, how = time_ngram_draft(context_ids, 4), "one n-gram lookup (γ = 4) / 4"
+        elif is_llamacpp_draft(spec):
+            log(f"timing the draft {spec} ...")
+            seconds = time_llamacpp_draft(draft, target, context_ids, 4)
+            how = "one proposal (γ = 4: 4 one-token decodes and draws) / 4"
         else:
             log(f"timing the draft {spec} ...")
             seconds, how = time_forward(draft, context_ids, [1])[1], "forward pass, 1 token"
         out["drafts"][spec] = {"seconds_per_token": seconds, "measured_as": how}
     return out
+
+
+def time_llamacpp_draft(drafter, target, context_ids: torch.Tensor, gamma: int, *,
+                        repeats: int = 20, warmup: int = 3) -> float:
+    """Median seconds per drafted token of a llama.cpp drafter after `context_ids` [1, L]:
+    rounds of `propose(γ)` through the drafter contract, each followed by a commit that rejects
+    every draft (so each round feeds one committed token, then γ − 1 drafts), divided by γ."""
+    from exactspec.sampling import SamplingConfig
+
+    drafter.start(context_ids, torch.ones_like(context_ids, dtype=torch.bool),
+                  drafter.bind(target, context_ids.size(1) + warmup + repeats + gamma))
+    sampling, times = SamplingConfig(temperature=1.0), []
+    next_token = context_ids[0, -1:]  # [1], any real token id will do
+    for _ in range(warmup + repeats):
+        start = time.perf_counter()
+        drafter.propose(gamma, sampling, None)
+        times.append(time.perf_counter() - start)
+        drafter.commit(torch.zeros(1, dtype=torch.long), next_token)
+    return statistics.median(times[warmup:]) / gamma

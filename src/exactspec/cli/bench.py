@@ -29,11 +29,12 @@ def register(subparsers) -> None:
                     "measured timings. Medians over --repeats passes after --warmup.")
     p.add_argument("--target", default=bench.DEFAULT_TARGET,
                    help="target model spec NAME_OR_PATH[@DTYPE] (default: %(default)s)")
-    p.add_argument("--draft", nargs="+", default=list(bench.DEFAULT_DRAFTS), metavar="NAME",
-                   help="draft model specs, 'ngram' (prompt lookup) and/or 'auto' (prompt "
-                        "lookup when the context repeats, else the target's bfloat16 copy; "
-                        "'auto:NAME' names the model draft) (default: "
-                        f"{' '.join(bench.DEFAULT_DRAFTS)})")
+    p.add_argument("--draft", nargs="+", default=list(bench.default_drafts()), metavar="NAME",
+                   help="draft model specs, 'llamacpp[:PATH]' (a GGUF through llama.cpp; plain "
+                        "'llamacpp' is the target's own file), 'ngram' (prompt lookup) and/or "
+                        "'auto' (prompt lookup when the context repeats, else the target's "
+                        "default model draft; 'auto:NAME' names the model draft) (default: "
+                        f"{' '.join(bench.default_drafts())})")
     p.add_argument("--gammas", default=",".join(map(str, bench.DEFAULT_GAMMAS)),
                    help="comma-separated γ values in 1..32 and/or 'auto' (chosen each round "
                         "from measured costs) (default: %(default)s)")

@@ -183,19 +183,45 @@ def run_generate(args) -> int:
 
 
 def _draft(spec: str, target, dtype: str | None = None):
-    """None (plain decoding), "ngram", an `AutoDrafter`, or a loaded draft model, for --draft.
-    "auto" drafts with the target's own weights in bfloat16 when prompt lookup has nothing."""
+    """None (plain decoding), "ngram", an `AutoDrafter`, a llama.cpp drafter or a loaded draft
+    model, for --draft. "auto" drafts, when prompt lookup has nothing, with the target's default
+    model draft (`_default_model_spec`)."""
     from exactspec.drafters import make_drafter
 
     spec = spec.strip()
     if spec.lower() in ("none", "ngram"):
         return None if spec.lower() == "none" else "ngram"
     if spec.lower() == "auto" or spec.lower().startswith("auto:"):
-        model = _load(spec[len("auto:"):] or f"{target.name}@bfloat16", dtype, "--draft")
+        model = _model_draft(spec[len("auto:"):] or _default_model_spec(target), target, dtype)
         drafter = make_drafter("auto", default_model=model)
-        drafter.spec = f"auto:{model.spec}"  # for the tables and --json
+        drafter.spec = f"auto:{_draft_name(model)}"  # for the tables and --json
         return drafter
-    return _load(spec, dtype, "--draft")
+    return _model_draft(spec, target, dtype)
+
+
+def _model_draft(spec: str, target, dtype: str | None):
+    """A llama.cpp drafter for "llamacpp[:PATH]", else the draft model loaded from the spec."""
+    from exactspec.drafters import LLAMACPP, make_drafter
+
+    if spec.lower().split(":")[0] != LLAMACPP:
+        return _load(spec, dtype, "--draft")
+    try:
+        drafter = make_drafter(spec, target=target)
+    except (ValueError, ImportError) as err:
+        raise CliError(f"--draft: {err}") from None
+    drafter.spec = drafter.name
+    return drafter
+
+
+def _default_model_spec(target) -> str:
+    """llama.cpp on the target's own GGUF when it came from one (the bundled model did) and
+    llama-cpp-python is installed; otherwise the target's weights in bfloat16."""
+    from exactspec.drafters import LLAMACPP, llamacpp_available
+    from exactspec.drafters.llamacpp import gguf_file
+
+    if gguf_file(target) is not None and llamacpp_available():
+        return LLAMACPP
+    return f"{target.name}@bfloat16"
 
 
 def _draft_name(draft) -> str:
@@ -279,9 +305,8 @@ def _why(out, speedup: float) -> str:
         return (f"gained: {stats.tokens_per_round:.2f} tokens per target pass{kept} "
                 f"(rounds: {rounds})")
     verdict = "no gain, no loss to speak of" if speedup >= 0.97 else f"lost {1 - speedup:.0%}"
-    return (f"{verdict}: the text does not repeat its prompt, and the model draft costs about as "
-            "much per token as the target here, so the controller took plain steps and only "
-            f"probed drafting now and then (rounds: {rounds})")
+    return (f"{verdict}: drafting did not pay on this text at these costs, so the controller "
+            f"took plain steps and only probed drafting now and then (rounds: {rounds})")
 
 
 def _print_demo(result: dict, target: str, draft: str, args) -> None:

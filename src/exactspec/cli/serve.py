@@ -73,6 +73,7 @@ def run_serve(args) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((args.host, port))
+        sock.listen(2048)  # connections wait in the backlog until uvicorn accepts, not refused
     except OSError as err:
         raise CliError(f"--host {args.host} --port {port}: cannot listen: {err.strerror}") from None
     host, port = sock.getsockname()[:2]

@@ -1,18 +1,29 @@
 """Drafters: what proposes a round's tokens. `base` holds the contract; `make_drafter` picks one."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import torch
+
 from exactspec.drafters.auto import AutoDrafter
 from exactspec.drafters.base import Drafter, NoDraft, Proposal
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
-from exactspec.models import load_model
+from exactspec.models import load_model, unwrap_model
 
-__all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "Proposal", "make_drafter"]
+__all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "Proposal",
+           "default_model_draft", "make_drafter"]
+
+LLAMACPP = "llamacpp"
 
 
-def make_drafter(draft, default_model=None) -> Drafter:
+def make_drafter(draft, default_model=None, target=None) -> Drafter:
     """The drafter for `draft`: None (plain decoding), "ngram", "auto" (prompt lookup or the
-    model draft `default_model`, round by round), "auto:SPEC" (the same with the model SPEC), a
-    model spec string, a LoadedModel or Hugging Face model, or an object that already keeps the
-    drafter contract."""
+    model draft `default_model`, or the target's default one, round by round), "auto:SPEC" (the
+    same with the model SPEC), "llamacpp:PATH_OR_BUNDLED_NAME" (a GGUF run by llama.cpp; plain
+    "llamacpp" runs the target's own GGUF), a model spec string, a LoadedModel or Hugging Face
+    model, or an object that already keeps the drafter contract."""
     if draft is None:
         return NoDraft()
     if isinstance(draft, str):
@@ -20,10 +31,50 @@ def make_drafter(draft, default_model=None) -> Drafter:
             return NGramDrafter()
         if draft == "auto" or draft.startswith("auto:"):
             model = draft[len("auto:"):] or default_model
-            if model is None:
+            if model is None and target is None:
                 raise ValueError("draft 'auto' needs a model draft: pass 'auto:SPEC' or default_model")
-            return AutoDrafter(make_drafter(model))
+            return AutoDrafter(make_drafter(model) if model is not None else default_model_draft(target))
+        if draft.lower() == LLAMACPP or draft.lower().startswith(LLAMACPP + ":"):
+            return _llamacpp_drafter(draft[len(LLAMACPP) + 1:], target)
         return ModelDrafter(load_model(draft))
     if isinstance(draft, Drafter):
         return draft
     return ModelDrafter(draft)
+
+
+def default_model_draft(target) -> Drafter:
+    """The model draft used when none is named: llama.cpp running the file the target was
+    loaded from, when it was a GGUF (the bundled model is) and llama-cpp-python is installed;
+    otherwise the target's own weights in bfloat16, sharing its tokenizer."""
+    from exactspec.drafters.llamacpp import gguf_file
+
+    path = gguf_file(target)
+    if path is not None and llamacpp_available():
+        return _llamacpp_drafter(str(path), target)
+    model, tokenizer, _ = unwrap_model(target, "target")
+    draft = copy.deepcopy(model).to(torch.bfloat16)
+    return ModelDrafter((draft, tokenizer) if tokenizer is not None else draft)
+
+
+def llamacpp_available() -> bool:
+    """Whether llama-cpp-python is installed (looked up, not loaded)."""
+    try:
+        return importlib.util.find_spec("llama_cpp") is not None
+    except ValueError:  # sys.modules["llama_cpp"] is None: imports of it are blocked
+        return False
+
+
+def _llamacpp_drafter(where: str, target) -> Drafter:
+    """"llamacpp:" + a GGUF path, the bundled model's name, or nothing (the target's own file)."""
+    from exactspec.drafters.llamacpp import LlamaCppDrafter, gguf_file
+    from exactspec.models import BUNDLED_MODEL, bundled_gguf_path
+
+    if where.strip().lower() == BUNDLED_MODEL:
+        return LlamaCppDrafter(bundled_gguf_path()[0])
+    if where.strip():
+        return LlamaCppDrafter(where.strip())
+    path = gguf_file(target) if target is not None else None
+    if path is None:
+        raise ValueError("draft 'llamacpp' runs the target's own GGUF file, and this target was not "
+                         "loaded from one: name the file, --draft llamacpp:PATH")
+    return LlamaCppDrafter(path)

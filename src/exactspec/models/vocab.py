@@ -1,6 +1,8 @@
 """Can two models share a round? Their vocabularies, compared token by token; and prompt encoding."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from exactspec.models.loaded import (
@@ -46,6 +48,26 @@ def check_compatible(target, draft) -> int:
         if rows < size:
             raise ValueError(f"{label} scores only {rows} token ids, but the tokenizer has {size}")
     return size
+
+
+def check_token_list(target, tokens: list[str], draft_name: str) -> int:
+    """Check a draft known by its token list (id i is tokens[i], as in a GGUF file) against the
+    target's tokenizer; return the usable vocabulary V. Raises ValueError naming the first id
+    that differs, as `check_compatible` does."""
+    _, t_tok, _ = unwrap_model(target, "target")
+    t_name = _describe(target, "target")
+    if t_tok is None:
+        raise ValueError(f"{t_name} has no tokenizer to compare with the {draft_name}'s token list")
+    if vocabulary(t_tok) != _sorted_token_list(tokens):
+        t_vocab, d_vocab = dict(vocabulary(t_tok)), {token: i for i, token in enumerate(tokens)}
+        raise ValueError(_vocab_difference(t_vocab, d_vocab, t_name, draft_name))
+    return tokenizer_size(t_tok)
+
+
+@functools.lru_cache(maxsize=4)
+def _sorted_token_list(tokens: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """A token list as `vocabulary` gives a tokenizer's map: (token, id) pairs, sorted."""
+    return tuple(sorted((token, i) for i, token in enumerate(tokens)))
 
 
 def _vocab_difference(t_vocab: dict, d_vocab: dict, t_name: str, d_name: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import threading
@@ -86,10 +87,8 @@ class ServerState:
 
 def _drafter_factory(draft, target):
     """A function making a fresh drafter for each new batch (a drafter holds per-batch state).
-    "auto": prompt lookup or, as for `exactspec generate`, a bfloat16 copy of the target."""
-    from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter, NoDraft
-    from exactspec.engine import _bfloat16_copy
-    from exactspec.models import load_model
+    "auto": prompt lookup or, as for `exactspec generate`, the target's default model draft."""
+    from exactspec.drafters import AutoDrafter, NGramDrafter, NoDraft
 
     spec = draft.strip().lower() if isinstance(draft, str) else None
     if draft is None or spec == "none":
@@ -97,11 +96,19 @@ def _drafter_factory(draft, target):
     if spec == "ngram":
         return NGramDrafter
     if spec == "auto" or (spec or "").startswith("auto:"):
-        named = draft.strip()[len("auto:"):]
-        model = load_model(named) if named else _bfloat16_copy(target)
-        return lambda: AutoDrafter(ModelDrafter(model))
-    loaded = load_model(draft) if isinstance(draft, str) else draft
-    return lambda: ModelDrafter(loaded)
+        make_model = _model_draft_factory(draft.strip()[len("auto:"):], target)
+        return lambda: AutoDrafter(make_model())
+    return _model_draft_factory(draft, target)
+
+
+def _model_draft_factory(draft, target):
+    """Fresh model drafters sharing one set of weights: the draft is loaded (or, when `draft` is
+    empty, the target's default model draft made) once, and each batch gets a copy of it made
+    before it starts, so with no state of its own yet."""
+    from exactspec.drafters import default_model_draft, make_drafter
+
+    first = make_drafter(draft, target=target) if draft else default_model_draft(target)
+    return lambda: copy.copy(first)
 
 
 def create_app(config: ServeConfig, *, load_in_background: bool = True) -> FastAPI:

@@ -1,0 +1,181 @@
+"""The llama.cpp draft (`LlamaCppDrafter`) on the bundled model: the bundled GGUF run by llama.cpp
+drafts for its float32 dequantized copy, the target.
+
+Exactness: the q it returns is the law its drafts were drawn from; whole generations follow the
+target's law (chi-square against enumeration); greedy output equals plain decoding, alone, in
+ragged batches, with rows joining mid-batch and when its context must grow. Bookkeeping: at
+every round llama.cpp's sequences hold exactly the committed tokens.
+"""
+import sys
+
+import pytest
+import torch
+
+from conftest import ALPHA, chi_square_pvalue
+from exactspec.batching import RowSettings
+from exactspec.drafters import AutoDrafter, make_drafter
+from exactspec.engine import Decoder, autoregressive_generate, pad_prompts, speculative_generate
+from exactspec.models import encode_prompt
+from exactspec.sampling import SamplingConfig
+from test_decoding import target_joint
+
+pytest.importorskip("llama_cpp", reason="the llamacpp extra is not installed (make setup builds it)")
+from exactspec.drafters import llamacpp  # noqa: E402
+from exactspec.drafters.llamacpp import LlamaCppDrafter  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+TEXTS = ["Write a haiku about the sea.", "List three prime numbers.", "Hi"]
+
+
+@pytest.fixture(scope="module")
+def target(bundled_pair):
+    return bundled_pair[0]
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+    return [encode_prompt(target, text, chat=False)[0].tolist() for text in TEXTS]
+
+
+def batch(prompts):
+    return pad_prompts([torch.tensor(p) for p in prompts])
+
+
+def as_lists(sequences) -> list[list[int]]:
+    """Each row's prompt and new tokens (`GenerateOutput.sequences`: a tensor or a list of them)."""
+    return [row.tolist() for row in sequences]
+
+
+def drafter_for(target) -> LlamaCppDrafter:
+    drafter = make_drafter("llamacpp", target=target)
+    assert isinstance(drafter, LlamaCppDrafter)
+    return drafter
+
+
+def first_drafts(target, prompt, sampling, rows=256, repeats=8):
+    """Counts of the first draft over rows × repeats proposals from one prefix, and the sum of
+    the q each was drawn from (each row's own; rows of one prefix agree up to rounding)."""
+    generator = torch.Generator().manual_seed(0)
+    counts, expected = torch.zeros(target.vocab_size), torch.zeros(target.vocab_size, dtype=torch.float64)
+    for _ in range(repeats):
+        drafter = drafter_for(target)
+        vocab = drafter.bind(target, len(prompt) + 1)
+        ids, mask = batch([prompt] * rows)
+        drafter.start(ids, mask, vocab)
+        proposal = drafter.propose(1, sampling, generator)
+        counts += torch.bincount(proposal.tokens[:, 0], minlength=vocab).float()
+        expected += proposal.q[:, 0].double().sum(dim=0)
+    return counts, expected / expected.sum()
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.8, top_k=20),
+                                      dict(temperature=1.0, top_p=0.9)], ids=["T1", "top-k", "top-p"])
+def test_returned_q_is_the_law_of_the_drafts(target, prompts, settings):
+    """Chi-square of 2,048 first drafts against the q returned with them; false-failure rate 1e-6."""
+    counts, q = first_drafts(target, prompts[2], SamplingConfig(**settings))
+    assert chi_square_pvalue(counts, q) > ALPHA
+
+
+def test_whole_generations_follow_the_target(target, prompts):
+    """The first 2 new tokens of 2,000 generations (10 batches of 200 rows, γ = 3, T = 0.8,
+    top-k 4) against the target's exact joint law by enumeration; false-failure rate 1e-6."""
+    prompt, counts, settings = prompts[2], {}, dict(temperature=0.8, top_k=4)
+    ids, mask = batch([prompt] * 200)
+    for seed in range(10):
+        out = speculative_generate(target, drafter_for(target), ids, attention_mask=mask, gamma=3,
+                                   max_new_tokens=2, seed=seed, eos_token_id=[], **settings)
+        for row in as_lists(out.sequences):
+            key = tuple(row[len(prompt): len(prompt) + 2])
+            counts[key] = counts.get(key, 0) + 1
+    assert chi_square_pvalue(counts, target_joint(target.model, prompt, 2, SamplingConfig(**settings))) > ALPHA
+
+
+@pytest.mark.parametrize("draft, gamma", [("llamacpp", 4), ("auto", "auto")])
+def test_greedy_equals_plain_decoding_in_a_ragged_batch(target, prompts, draft, gamma):
+    ids, mask = batch(prompts)
+    plain = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=32, temperature=0)
+    out = speculative_generate(target, make_drafter(draft, target=target), ids, attention_mask=mask,
+                               gamma=gamma, max_new_tokens=32, temperature=0)
+    assert as_lists(out.sequences) == as_lists(plain.sequences)
+
+
+def test_auto_draft_of_the_bundled_target_is_llama_cpp(target):
+    assert isinstance(make_drafter("auto", target=target).model, LlamaCppDrafter)
+
+
+class Snapshots(LlamaCppDrafter):
+    """Records, at each proposal, every row's tokens as the drafter knows them (fed to llama.cpp
+    and pending) and the last position llama.cpp holds for its sequence."""
+
+    def propose(self, gamma, sampling, generator):
+        self.seen.append([(fed + pending, len(fed), self.llama.llama_memory_seq_pos_max(self.memory, seq))
+                          for fed, pending, seq in zip(self.fed, self.pending, self.seqs)])
+        return super().propose(gamma, sampling, generator)
+
+
+def test_sequences_hold_exactly_the_committed_tokens(target, prompts):
+    """Sampled generation (drafts rejected and rolled back): at every round each row's known
+    tokens are its prompt plus what it has committed, and llama.cpp's sequence ends where the fed
+    part does."""
+    drafter = Snapshots(llamacpp.gguf_file(target))
+    drafter.seen = []
+    ids, mask = batch(prompts)
+    out = speculative_generate(target, drafter, ids, attention_mask=mask, gamma=4,
+                               max_new_tokens=20, temperature=1.0, seed=3, eos_token_id=[])
+    assert out.stats.accepted_drafts < out.stats.drafted_tokens  # some drafts were rolled back
+    for rows in drafter.seen:
+        for b, (known, fed, last_position) in enumerate(rows):
+            committed = as_lists(out.sequences)[b]
+            assert known == committed[: len(known)] and len(known) > len(prompts[b]) - 1
+            assert last_position == fed - 1
+
+
+def test_rows_joining_mid_batch_match_greedy_alone(target, prompts):
+    """Continuous batching: rows join at a round boundary (lazily: their prompts are fed when the
+    draft next proposes) and leave as they finish; each equals plain greedy decoding alone."""
+    greedy = lambda n: RowSettings(max_new_tokens=n, temperature=0)
+    budgets = [16, 6, 10]
+    alone = [autoregressive_generate(target, torch.tensor([prompt]), max_new_tokens=n,
+                                     temperature=0, eos_token_id=[]).sequences[0].tolist()
+             for prompt, n in zip(prompts, budgets)]
+    ids, mask = batch(prompts[:1])
+    for drafter in (drafter_for(target), AutoDrafter(drafter_for(target))):
+        decoder = Decoder(target, drafter, ids, mask, max_new_tokens=budgets[0], sampling=SamplingConfig(),
+                          seed=None, eos_token_id=[], verify="block", on_tokens=None)
+        decoder.use_row_settings([greedy(budgets[0])])
+        decoder.step(4)
+        rows = [0] + decoder.join(*batch(prompts[1:]), [greedy(n) for n in budgets[1:]])
+        while not decoder.done:
+            decoder.step(3)
+        assert [prompt + decoder.rows.new[row] for row, prompt in zip(rows, prompts)] == alone
+
+
+def test_context_grows_when_the_rows_need_more(target, prompts, monkeypatch):
+    """12 rows of up to 10 + 20 tokens overflow a first context of 256 cells: a context twice the
+    size replaces it and every row is fed again; greedy output is unchanged."""
+    monkeypatch.setattr(llamacpp, "FIRST_CONTEXT", 256)
+    drafter = drafter_for(target)
+    ids, mask = batch(prompts * 4)
+    out = speculative_generate(target, drafter, ids, attention_mask=mask, gamma=4,
+                               max_new_tokens=20, temperature=0, eos_token_id=[])
+    plain = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=20,
+                                    temperature=0, eos_token_id=[])
+    assert as_lists(out.sequences) == as_lists(plain.sequences)
+    assert drafter.llama.llama_n_ctx(drafter.context) == 512
+
+
+def test_vocabulary_mismatch_names_the_first_token(tiny_loaded_pair, target):
+    tiny_target, _ = tiny_loaded_pair
+    with pytest.raises(ValueError, match="different vocabularies .*token id 0"):
+        drafter_for(target).bind(tiny_target, 16)
+
+
+def test_bad_specs_are_one_line_errors(target, tiny_loaded_pair, monkeypatch):
+    with pytest.raises(ValueError, match="no such GGUF file"):
+        make_drafter("llamacpp:/no/such/file.gguf")
+    with pytest.raises(ValueError, match="was not loaded from one: name the file"):
+        make_drafter("llamacpp", target=tiny_loaded_pair[0])
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if the extra were not installed
+    with pytest.raises(ImportError, match=r"pip install 'exactspec\[llamacpp\]'"):
+        make_drafter(f"llamacpp:{llamacpp.gguf_file(target)}")
