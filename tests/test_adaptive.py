@@ -26,6 +26,19 @@ class ScriptedController:
         self.next = 0 if drafted and bool((num_accepted == drafted).all()) else 2
 
 
+class DroppingController(ScriptedController):
+    """Past-only, like ScriptedController, and every other round it sets min_drafts above the
+    proposal's length, so the engine drops that proposal and takes a plain step."""
+
+    def __init__(self):
+        super().__init__()
+        self.rounds = 0
+
+    def min_drafts(self, source: str, gamma: int) -> int:
+        self.rounds += 1
+        return gamma + 1 if self.rounds % 2 else 0
+
+
 class PeekingDrafter:
     """Deliberately wrong: it cuts its own proposal to nothing whenever the target would give the
     first draft less probability than the draft did (p(x_1) < q(x_1)). The cut depends on the
@@ -101,6 +114,33 @@ def test_adaptive_sampling_matches_target_joint(tiny_pair, gamma, kind, prompt, 
     counts, accepted = sample_first_two(target, factories[kind], prompt, choose, settings)
     assert accepted > 100  # drafts were really kept, so acceptance is exercised
     assert chi_square_pvalue(counts, target_joint(target, prompt, 2, es.SamplingConfig(**settings))) > ALPHA
+
+
+def test_dropped_proposals_stay_exact(tiny_pair):
+    """Rounds whose proposal is dropped as too short (a plain step; the model draft rolls back
+    the drafts it fed) between rounds that verify: the first 2 tokens still follow the target's
+    law (chi-square, false-failure rate 1e-6)."""
+    target, draft = tiny_pair
+    settings = dict(temperature=1.0)
+    counts, accepted = sample_first_two(target, lambda: ModelDrafter(draft), PROMPTS[2],
+                                        DroppingController, settings)
+    assert accepted > 100
+    assert chi_square_pvalue(counts, target_joint(target, PROMPTS[2], 2, es.SamplingConfig(**settings))) > ALPHA
+
+
+def test_min_drafts_drops_lookups_too_short_to_pay():
+    """With this CPU's pass times (2 tokens cost more than 4) and free lookups: at α ≈ 0.6 a
+    match of 1 or 2 tokens is not worth a pass, one of 3 is; at α ≈ 0.95 any is; before any
+    timing, nothing is dropped."""
+    assert GammaController().min_drafts("ngram", 4) == 0
+    controller = GammaController()
+    for tokens, seconds in ((1, 0.040), (2, 0.068), (3, 0.084), (4, 0.063), (5, 0.064)):
+        controller.observe("none", 0, torch.tensor([0]), tokens, 0.0, seconds)
+    controller.observe("ngram", 4, torch.tensor([2]), 3, 1e-5, 0.084)  # α = 3/5 so far
+    assert controller.min_drafts("ngram", 4) == 3
+    for _ in range(20):
+        controller.observe("ngram", 4, torch.tensor([4]), 5, 1e-5, 0.064)
+    assert controller.min_drafts("ngram", 4) == 1
 
 
 def test_a_controller_that_peeks_at_the_target_is_caught(tiny_pair):

@@ -110,6 +110,17 @@ class GammaController:
         stats.probe_after = min(2 * stats.probe_after, _LAST_PROBE)
         return 1  # a probe: a short round keeps α and the draft's cost up to date
 
+    def min_drafts(self, source: str, gamma: int) -> int:
+        """The fewest drafts worth a target pass in a round of up to γ: a proposal of fewer (prompt
+        lookup often finds only a short match) is expected to deliver fewer tokens per second
+        than a plain step, so the round drops it. 0 (keep any proposal) before the costs are
+        known, and when no length up to γ pays: that round is a probe, chosen to learn α."""
+        if gamma == 0 or source not in self.draft or not self.target:
+            return 0
+        alpha = self.acceptance.get(source, _Acceptance()).alpha()
+        plain = self.rate(source, alpha, 0)
+        return next((n for n in range(1, gamma + 1) if self.rate(source, alpha, n) >= plain), 0)
+
     def best_gamma(self, source: str, alpha: float) -> int:
         return max(range(self.max_gamma + 1), key=lambda g: self.rate(source, alpha, g))
 

@@ -24,7 +24,7 @@ from exactspec import distributed
 from exactspec.batching import DRAFT, ContinuousBatching, left_pad
 from exactspec.cache import CachedModel
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController
-from exactspec.drafters import Drafter, make_drafter
+from exactspec.drafters import Drafter, Proposal, make_drafter
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.sampling import SamplingConfig
 from exactspec.verify import VERIFY_RULES, verify_block
@@ -285,14 +285,19 @@ class Decoder(ContinuousBatching):
         self.rounds = 0
         self.done = max_new_tokens == 0
 
-    def step(self, gamma: int) -> Round:
-        """One round with at most γ drafts per row (fewer near the end of the budget)."""
+    def step(self, gamma: int, min_drafts: int = 0) -> Round:
+        """One round with at most γ drafts per row (fewer near the end of the budget). A proposal
+        shorter than min_drafts (in its longest row) is dropped, and the round is a plain step:
+        the drafter sees its drafts rejected. That reads only the draft's own output, so the round
+        stays exact."""
         lm, drafter, rows = self.lm, self.drafter, self.rows
         block = self._block(gamma)  # the longest budget left decides
         calls_before, started = (lm.calls, drafter.calls), self.clock.read()
         # 1. draft: up to γ tokens per row, with the q they were drawn from
         sampling = self._settings()  # bound to each row's prefix when its processing reads it
         proposal = drafter.propose(block, sampling, self._stream(DRAFT))
+        if proposal.tokens.size(1) < min_drafts:  # too short to pay for its target pass
+            proposal = Proposal(proposal.tokens[:, :0], None)  # [b, 0]
         drafts = proposal.tokens.to(lm.device)  # [b, γ']
         drafted_at, fed_before = self.clock.read(), lm.tokens_fed
         # 2. score: one target pass over the last committed token and the drafts
@@ -356,7 +361,12 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
     by_source: dict[str, int] = {}
     while not decoder.done:
         source = drafter.next_source()
-        report = decoder.step(distributed.from_leader(controller.choose(source)) if controller else gamma)
+        if controller:
+            chosen = distributed.from_leader(controller.choose(source))
+            shortest = controller.min_drafts(source, chosen) if hasattr(controller, "min_drafts") else 0
+            report = decoder.step(chosen, shortest)
+        else:
+            report = decoder.step(gamma)
         distributed.check_round(decoder.rows.new, decoder.rounds)
         if controller:
             controller.observe(source, report.drafted, report.num_accepted, report.target_tokens,
