@@ -25,6 +25,7 @@ timeout, since a follower of a server may wait for hours between requests.
 """
 from __future__ import annotations
 
+import atexit
 import copy
 import os
 import secrets
@@ -36,6 +37,7 @@ import torch.distributed as dist
 CHECK_ENV = "EXACTSPEC_TP_CHECK"  # "round": check the committed tokens after every round
 _CONTROL_TIMEOUT = timedelta(days=365)  # a server's followers wait for the next request
 _TARGET_TIMEOUT = timedelta(hours=2)  # a rank loading a large shard may lag the others
+_EXIT_TIMEOUT = timedelta(minutes=1)  # how long a rank waits for the others at exit
 _control = None  # the gloo group for control messages, made by `init`
 
 
@@ -72,9 +74,23 @@ def init() -> torch.device:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 timeout=_TARGET_TIMEOUT)
+        atexit.register(_leave)
     if _control is None:
         _control = dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
     return device
+
+
+def _leave() -> None:
+    """At exit: wait (a minute at most) for every rank, then close the process groups. A rank
+    that exits while another still talks to it over gloo can make that one abort ("terminate
+    called without an active exception")."""
+    if dist.is_initialized():
+        try:
+            dist.monitored_barrier(group=_control, timeout=_EXIT_TIMEOUT)
+        except RuntimeError:  # a rank that failed or is gone: leave anyway
+            pass
+        finally:
+            dist.destroy_process_group()
 
 
 def check_heads(config, tp_size: int) -> None:
