@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from exactspec.drafters.base import Proposal
-from exactspec.models import check_context
+from exactspec.models import check_context, unwrap_model
 from exactspec.sampling import SamplingConfig, sample
 
 INSTALL_HINT = ("llama-cpp-python is not installed: pip install 'exactspec[llamacpp]' "
@@ -75,7 +75,7 @@ class LlamaCppDrafter:
         self.n_threads = n_threads or torch.get_num_threads()
         self.name = f"llamacpp:{self.path.name}"
         self.calls = self.tokens_fed = self.padding_fed = 0
-        self.context = None
+        self.context, self.device = None, torch.device("cpu")
 
     def tokens(self) -> tuple[str, ...]:
         """The GGUF's token list: token id i is tokens()[i]."""
@@ -86,6 +86,8 @@ class LlamaCppDrafter:
         vocabulary rule), and prompt + budget must fit the GGUF's training context."""
         from exactspec.models.vocab import check_token_list
 
+        model, _, _ = unwrap_model(target, "target")
+        self.device = next(model.parameters()).device  # drafts and q go where the target's p is
         check_context(_TrainContext(self.model.n_ctx_train()), self.name, total_tokens)
         return check_token_list(target, self.tokens(), f"draft {self.name!r}")
 
@@ -115,7 +117,7 @@ class LlamaCppDrafter:
             if i + 1 < gamma:  # the last draft is fed next round, if it is kept
                 logits = self._feed([[token] for token in drafts[:, i].tolist()])  # [B, V]
         self.drafts = drafts  # [B, γ]
-        return Proposal(drafts, torch.stack(qs, dim=1))  # [B, γ], [B, γ, V]
+        return Proposal(drafts.to(self.device), torch.stack(qs, dim=1).to(self.device))  # [B, γ], [B, γ, V]
 
     def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Row b kept its first a = num_accepted[b] drafts: of the γ − 1 fed ones, those past a
