@@ -9,6 +9,7 @@ against the target's exact joint distribution.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -194,6 +195,22 @@ def test_heads_that_do_not_split_are_refused(models):
 # --------------------------------------------------------------------------- the worker
 
 
+@contextlib.contextmanager
+def _other_choices_on_followers(rank: int):
+    """On ranks other than 0, a γ controller that chooses otherwise (as another clock would):
+    a choice that is not rank 0's broadcast then splits the ranks' passes and fails the run."""
+    from exactspec.controller import GammaController
+
+    saved = GammaController.choose, GammaController.min_drafts
+    if rank:
+        GammaController.choose = lambda self, source: 1
+        GammaController.min_drafts = lambda self, source, gamma: gamma + 1  # drop every proposal
+    try:
+        yield
+    finally:
+        GammaController.choose, GammaController.min_drafts = saved
+
+
 def worker(target_dir: str, draft_dir: str, out_dir: str) -> None:
     """On each rank: decode greedily (plain, γ = 3, γ auto) and sampled, check a divergence is
     caught, and write what this rank committed to OUT/rank{r}.json."""
@@ -210,7 +227,9 @@ def worker(target_dir: str, draft_dir: str, out_dir: str) -> None:
               "plain": autoregressive_generate(target, ids, **greedy).sequences,
               "gamma3": speculative_generate(target, draft, ids, gamma=3, **greedy).sequences}
     os.environ[distributed.CHECK_ENV] = "round"  # the debug mode: checked every round
-    result["gamma_auto"] = speculative_generate(target, draft, ids, gamma="auto", **greedy).sequences
+    with _other_choices_on_followers(rank):  # only rank 0's timings may shape a round
+        result["gamma_auto"] = speculative_generate(target, draft, ids, gamma="auto",
+                                                    **greedy).sequences
     del os.environ[distributed.CHECK_ENV]
     whole = distributed.local_copy(target.model, torch.float32)  # gathered from the shards
     assert distributed.is_sharded(target.model) and not distributed.is_sharded(whole)

@@ -362,8 +362,9 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
     while not decoder.done:
         source = drafter.next_source()
         if controller:
-            chosen = distributed.from_leader(controller.choose(source))
+            chosen = controller.choose(source)
             shortest = controller.min_drafts(source, chosen) if hasattr(controller, "min_drafts") else 0
+            chosen, shortest = distributed.from_leader((chosen, shortest))  # rank 0's timings decide
             report = decoder.step(chosen, shortest)
         else:
             report = decoder.step(gamma)

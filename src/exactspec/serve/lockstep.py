@@ -61,9 +61,9 @@ class LeaderDecoder(Decoder):
         distributed.send(("cancel", (list(rows),), {}))
         super().cancel(rows)
 
-    def step(self, gamma: int):
-        distributed.send(("step", (gamma,), {}))
-        report = super().step(gamma)
+    def step(self, gamma: int, min_drafts: int = 0):
+        distributed.send(("step", (gamma, min_drafts), {}))
+        report = super().step(gamma, min_drafts)
         _after_round(self)
         return report
 
