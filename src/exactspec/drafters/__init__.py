@@ -1,7 +1,6 @@
 """Drafters: what proposes a round's tokens. `base` holds the contract; `make_drafter` picks one."""
 from __future__ import annotations
 
-import copy
 import importlib.util
 
 import torch
@@ -51,8 +50,10 @@ def default_model_draft(target) -> Drafter:
     path = gguf_file(target)
     if path is not None and llamacpp_available():
         return _llamacpp_drafter(str(path), target)
+    from exactspec.distributed import local_copy
+
     model, tokenizer, _ = unwrap_model(target, "target")
-    draft = copy.deepcopy(model).to(torch.bfloat16)
+    draft = local_copy(model, torch.bfloat16)  # a tensor-parallel target is gathered, not deep-copied
     return ModelDrafter((draft, tokenizer) if tokenizer is not None else draft)
 
 
