@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import os
 
-# As the CLI does (exactspec.cli.main): torch's OpenMP workers stop spinning sooner, so a
-# llama.cpp draft gets the cores. It must be set before torch loads.
+# As `import exactspec` does when it comes first: torch's OpenMP workers stop spinning sooner,
+# so a llama.cpp draft gets the cores. It must be set before torch loads.
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
 import pytest  # noqa: E402

@@ -6,8 +6,18 @@ transformers nor scipy nor matplotlib.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 __version__ = "0.1.0"
+
+# PyTorch's OpenMP workers spin after each operation (GNU OpenMP's default spin count) and take
+# the cores a llama.cpp draft runs on next: on 2 cores a one-token draft took 18 ms with the
+# default and 7.5 ms with this, and plain decoding took the same with both. It counts only when
+# set before torch loads; a value the user set wins.
+SPIN_COUNT = "20000"
+if "torch" not in sys.modules:
+    os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
 
 _NAMES = {  # public name → the module that defines it
     "probs_from_logits": "exactspec.sampling", "SamplingConfig": "exactspec.sampling",

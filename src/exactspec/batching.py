@@ -270,7 +270,7 @@ class AutoGamma:
         key = (*target_key, decoder.drafter.name)
         if key not in self.controllers:
             controller = self.controller_type.shared(target_key, key)
-            controller.acceptance = self.acceptance
+            controller.acceptance, controller.past = self.acceptance, {}  # spans requests already
             timed = [k for k, c in self.controllers.items() if k[::2] == key[::2] and c.target]
             if timed and not controller.target:
                 nearest = self.controllers[min(timed, key=lambda k: abs(k[1] - key[1]))]
@@ -291,8 +291,9 @@ class AutoGamma:
                 self.since_drafting.get(key, 0.0) * PROBE_SHARE < self.extra_cost.get(key, 0.0)):
             gamma = 0  # drafting has not paid lately, and its next try is not due yet
         report = decoder.step(gamma)
+        draft_seconds, draft_calls = report.draft_cost()
         controller.observe(source, per_row.drafted, report.num_accepted, report.target_tokens,
-                           report.draft_seconds, report.target_seconds, report.draft_calls)
+                           draft_seconds, report.target_seconds, draft_calls)
         seconds = report.draft_seconds + report.target_seconds
         for name in self.since_drafting.keys() | {key}:
             self.since_drafting[name] = self.since_drafting.get(name, 0.0) + seconds

@@ -19,8 +19,9 @@ When γ = 0 wins it still probes with a one-draft round now and then, so a drop 
 never permanent: after 4, 8, 16 and then every 32 plain steps while drafting could pay at a
 better α, and every 64 while it could not pay even if every draft were kept (then only the
 timings can change the answer). Timings are remembered for the process (`shared`), keyed by
-the target and the drafter, so a second generation starts from the first one's costs;
-acceptance is not: it belongs to the text.
+the target and the drafter, so a second generation starts from the first one's costs; so is
+acceptance, but only as a prior worth _PRIOR_DRAFTS drafts: α belongs to the text, and a few of
+this generation's drafts outweigh it.
 """
 from __future__ import annotations
 
@@ -34,8 +35,12 @@ _RECENT = 8  # an estimate is the smallest of this many latest samples
 _PRIOR_SLOPE = 0.2  # past the pass sizes seen, a token costs this share of the cheapest pass
 _FIRST_PROBE, _LAST_PROBE, _REFRESH_PROBE = 4, 32, 64
 
+_PRIOR_DRAFTS = 2  # a generation's α starts from a prior worth this many drafts
+_PAST_WINDOW = 256  # past generations' drafts per source, after which older ones weigh half
+
 _TARGET_SECONDS: dict[object, dict[int, list[float]]] = {}  # past generations' T(k) samples
 _DRAFT_SECONDS: dict[object, dict[str, list[float]]] = {}  # and draft samples, by drafter
+_PAST_ACCEPTANCE: dict[object, dict[str, list[int]]] = {}  # and [kept, rejected] per source
 
 
 def _record(samples: dict, key, seconds: float) -> None:
@@ -46,15 +51,18 @@ def _record(samples: dict, key, seconds: float) -> None:
 
 @dataclass
 class _Acceptance:
-    """Kept and rejected drafts of one source in this generation, and the probe schedule."""
+    """Kept and rejected drafts of one source in this generation, and the probe schedule.
+    α starts from `prior`, weighted as _PRIOR_DRAFTS drafts: the α of past generations with the
+    same drafter when there were any, else 1/2 (a uniform prior)."""
 
     accepted: int = 0
     rejected: int = 0
     plain_steps: int = 0  # γ = 0 chosen in a row since the last probe
     probe_after: int = _FIRST_PROBE
+    prior: float = 0.5
 
     def alpha(self) -> float:
-        return (self.accepted + 1) / (self.accepted + self.rejected + 2)  # a uniform prior
+        return (self.accepted + _PRIOR_DRAFTS * self.prior) / (self.accepted + self.rejected + _PRIOR_DRAFTS)
 
 
 @dataclass
@@ -65,12 +73,22 @@ class GammaController:
     target: dict[int, list[float]] = field(default_factory=dict)  # k → seconds of k-token passes
     draft: dict[str, list[float]] = field(default_factory=dict)  # source → seconds per draft token
     acceptance: dict[str, _Acceptance] = field(default_factory=dict)
+    past: dict[str, list[int]] = field(default_factory=dict)  # source → [kept, rejected] before
 
     @classmethod
     def shared(cls, target_key, drafter_key) -> GammaController:
-        """A controller whose timings persist across generations with the same keys."""
+        """A controller whose timings persist across generations with the same keys, and whose
+        α starts from the past generations' (see `_Acceptance`)."""
         return cls(target=_TARGET_SECONDS.setdefault(target_key, {}),
-                   draft=_DRAFT_SECONDS.setdefault(drafter_key, {}))
+                   draft=_DRAFT_SECONDS.setdefault(drafter_key, {}),
+                   past=_PAST_ACCEPTANCE.setdefault(drafter_key, {}))
+
+    def _stats(self, source: str) -> _Acceptance:
+        if source not in self.acceptance:
+            kept, rejected = self.past.get(source, (0, 0))
+            prior = (kept + 1) / (kept + rejected + 2) if kept + rejected else 0.5
+            self.acceptance[source] = _Acceptance(prior=prior)
+        return self.acceptance[source]
 
     def observe(self, source: str, drafted: int | list[int], num_accepted, target_tokens: int,
                 draft_seconds: float, target_seconds: float, draft_calls: int = 0) -> None:
@@ -87,9 +105,13 @@ class GammaController:
         if width == 0 or source == "none":
             return
         _record(self.draft, source, draft_seconds / (draft_calls or width))
-        stats = self.acceptance.setdefault(source, _Acceptance())
-        stats.accepted += sum(min(tau, n) for tau, n in zip(kept, per_row))
-        stats.rejected += sum(1 for tau, n in zip(kept, per_row) if tau < n or n == 0)
+        stats, past = self._stats(source), self.past.setdefault(source, [0, 0])
+        accepted = sum(min(tau, n) for tau, n in zip(kept, per_row))
+        rejected = sum(1 for tau, n in zip(kept, per_row) if tau < n or n == 0)
+        stats.accepted, stats.rejected = stats.accepted + accepted, stats.rejected + rejected
+        past[0], past[1] = past[0] + accepted, past[1] + rejected
+        if sum(past) > _PAST_WINDOW:
+            past[0], past[1] = past[0] // 2, past[1] // 2
 
     def choose(self, source: str) -> int:
         """The γ for the next round when `source` drafts it."""
@@ -97,7 +119,7 @@ class GammaController:
             return 0
         if source not in self.draft or not self.target:
             return START_GAMMA
-        stats = self.acceptance.setdefault(source, _Acceptance())
+        stats = self._stats(source)
         gamma = self.best_gamma(source, stats.alpha())
         if gamma > 0:
             stats.plain_steps, stats.probe_after = 0, _FIRST_PROBE
@@ -117,7 +139,7 @@ class GammaController:
         known, and when no length up to γ pays: that round is a probe, chosen to learn α."""
         if gamma == 0 or source not in self.draft or not self.target:
             return 0
-        alpha = self.acceptance.get(source, _Acceptance()).alpha()
+        alpha = self._stats(source).alpha()
         plain = self.rate(source, alpha, 0)
         return next((n for n in range(1, gamma + 1) if self.rate(source, alpha, n) >= plain), 0)
 

@@ -257,6 +257,12 @@ class Round:
     draft_seconds: float
     target_seconds: float
     draft_calls: int = 0  # forward passes of the draft's own model in this round
+    catch_up: tuple[float, int] = (0.0, 0)  # of those: the seconds and passes of catching up
+
+    def draft_cost(self) -> tuple[float, int]:
+        """The draft's seconds and passes without its catch-up (a one-off cost after rounds it sat
+        out): what the controller learns a drafting round costs."""
+        return self.draft_seconds - self.catch_up[0], self.draft_calls - self.catch_up[1]
 
 
 class Decoder(ContinuousBatching):
@@ -304,7 +310,7 @@ class Decoder(ContinuousBatching):
         p = sampling.probs(self.scorer.score(self.last, drafts), drafts=drafts)  # [b, γ'+1, V]
         report = Round(drafts.size(1), None, (lm.tokens_fed - fed_before) // drafts.size(0),
                        drafted_at - started, self.clock.read() - drafted_at,
-                       drafter.calls - calls_before[1])
+                       drafter.calls - calls_before[1], getattr(drafter, "catch_up", (0.0, 0)))
         # 3. verify: keep a prefix of the drafts, then one correction or bonus token
         result = self._verify(proposal, drafts, p)
         report.num_accepted = tau = result.num_accepted  # [b]
@@ -370,8 +376,9 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
             report = decoder.step(gamma)
         distributed.check_round(decoder.rows.new, decoder.rounds)
         if controller:
+            draft_seconds, draft_calls = report.draft_cost()
             controller.observe(source, report.drafted, report.num_accepted, report.target_tokens,
-                               report.draft_seconds, report.target_seconds, report.draft_calls)
+                               draft_seconds, report.target_seconds, draft_calls)
         kind = source if report.drafted else "plain"
         by_source[kind] = by_source.get(kind, 0) + 1
     distributed.check_same(decoder.rows.new, "the end")  # tensor-parallel ranks agree

@@ -13,12 +13,6 @@ import sys
 
 from exactspec.cli.common import CliError
 
-# PyTorch's OpenMP workers spin after each operation (GNU OpenMP's default spin count), and on a
-# small CPU that spin takes the cores a llama.cpp draft runs on next: on 2 cores a one-token draft
-# took 18 ms with the default and 8.5 ms with this, and plain decoding took the same with both.
-# It must be set before torch loads; a value the user set wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "20000")
-
 COMMAND_MODULES = ("exactspec.cli.generate", "exactspec.cli.lab", "exactspec.cli.bench",
                    "exactspec.cli.serve")
 

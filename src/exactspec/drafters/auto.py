@@ -26,6 +26,8 @@ class AutoDrafter:
         self.min_match, self.source = min_match, None
 
     calls = property(lambda self: self.model.calls)
+    catch_up = property(lambda self: getattr(self.model, "catch_up", (0.0, 0)) if self.source == "model"
+                        else (0.0, 0))
     tokens_fed = property(lambda self: self.model.tokens_fed)
     padding_fed = property(lambda self: self.model.padding_fed)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import time
+import warnings
 import weakref
 from pathlib import Path
 
@@ -72,10 +74,15 @@ class LlamaCppDrafter:
             raise ValueError(f"draft 'llamacpp:{path}': no such GGUF file")
         self.llama = import_llama_cpp()
         self.model = _load_gguf(str(self.path.resolve()))
+        if "GOMP_SPINCOUNT" not in os.environ:
+            warnings.warn("torch was loaded before exactspec, with OpenMP's default spin count: its "
+                          "idle threads slow llama.cpp drafts (about 2x on 2 cores); set "
+                          "GOMP_SPINCOUNT=20000 before importing torch", stacklevel=2)
         self.n_threads = n_threads or torch.get_num_threads()
         self.name = f"llamacpp:{self.path.name}"
         self.calls = self.tokens_fed = self.padding_fed = 0
         self.context, self.device = None, torch.device("cpu")
+        self.catch_up = (0.0, 0)  # (seconds, decodes) of the last proposal's catch-up
 
     def tokens(self) -> tuple[str, ...]:
         """The GGUF's token list: token id i is tokens()[i]."""
@@ -102,11 +109,12 @@ class LlamaCppDrafter:
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        batch = len(self.seqs)
+        batch, self.catch_up = len(self.seqs), (0.0, 0)
         if gamma == 0:  # the budget's last token: nothing to draft, nothing to feed
             self.drafts = torch.empty(batch, 0, dtype=torch.long)
             return Proposal(self.drafts, None)
         self._make_room(sum(map(len, self.pending)) + batch * gamma)
+        self._catch_up()
         logits = self._feed(self.pending)  # [B, V], after each row's pending tokens
         self.pending = [[] for _ in range(batch)]
         drafts, qs = torch.empty(batch, gamma, dtype=torch.long), []  # [B, γ], filled as drawn
@@ -162,9 +170,21 @@ class LlamaCppDrafter:
             self.fed.append([])
             self.pending.append(row[mask.bool()].tolist())
 
+    def _catch_up(self) -> None:
+        """Rows more than two tokens behind (rows that joined, rounds this drafter sat out) are fed
+        all but their last pending token first, timed apart as `catch_up` (seconds, decodes): a
+        one-off cost, not what a drafting round costs once the drafter is in step."""
+        start, calls = time.perf_counter(), self.calls
+        behind = [row[:-1] if len(row) > 2 else [] for row in self.pending]
+        if any(behind) and self.tokens_fed:  # the first prompts are fed whole, as ModelDrafter does
+            self._feed(behind)
+            self.pending = [row[len(done):] for row, done in zip(self.pending, behind)]
+        self.catch_up = (time.perf_counter() - start, self.calls - calls)
+
     def _feed(self, tokens: list[list[int]]) -> torch.Tensor:
         """Feed tokens[b] to row b's sequence (all rows, in decodes of at most BATCH_TOKENS
-        tokens); return each row's logits after its last token, [B, V] float32."""
+        tokens); return each row's logits after its last token, [B, V] float32 (undefined for a
+        row given no tokens)."""
         entries = [(b, token, len(self.fed[b]) + i, i == len(row) - 1)
                    for b, row in enumerate(tokens) for i, token in enumerate(row)]
         logits = torch.empty(len(tokens), self.vocab_size)  # [B, V]

@@ -1,6 +1,8 @@
 """A draft language model with its own KV cache: q is its decoding distribution."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from exactspec.cache import CachedModel
@@ -24,6 +26,7 @@ class ModelDrafter:
     def __init__(self, model):
         self.model, self.tokenizer, self.name = unwrap_model(model, "draft")
         self.lm: CachedModel | None = None
+        self.catch_up = (0.0, 0)  # (seconds, forward passes) of the last proposal's catch-up
 
     def bind(self, target, total_tokens: int) -> int:
         """The shared vocabulary: the draft's tokenizer must match the target's (the vocabulary
@@ -52,10 +55,11 @@ class ModelDrafter:
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        batch = self.pending.size(0)
+        batch, self.catch_up = self.pending.size(0), (0.0, 0)
         if gamma == 0:  # the budget's last token: nothing to draft, nothing to feed
             self.drafts = self.pending.new_empty(batch, 0)
             return Proposal(self.drafts, None)
+        self._catch_up()
         logits = self.lm.prefill(self.pending, self.pending_valid)  # [B, V], after the pending tokens
         drafts, qs = self.pending.new_empty(batch, gamma), []  # [B, γ], filled as they are drawn
         for i in range(gamma):
@@ -66,6 +70,18 @@ class ModelDrafter:
                 logits = self.lm.feed(drafts[:, i: i + 1])[:, -1]  # [B, V]
         self.drafts = drafts  # [B, γ]
         return Proposal(self.drafts, torch.stack(qs, dim=1))  # [B, γ], [B, γ, V]
+
+    def _catch_up(self) -> None:
+        """More than two pending columns (rounds this drafter sat out, rows that joined): all but
+        the last are fed first, timed apart as `catch_up` (seconds, forward passes): a one-off
+        cost, not what a drafting round costs once the drafter is in step. The first prompt is
+        fed whole (one pass fewer; that first round's cost is one sample among many)."""
+        if self.pending.size(1) <= 2 or self.lm.tokens_fed == 0:  # in step, or the first prompt
+            return
+        start, calls = time.perf_counter(), self.lm.calls
+        self.lm.prefill(self.pending[:, :-1], self.pending_valid[:, :-1])  # logits unused
+        self.pending, self.pending_valid = self.pending[:, -1:], self.pending_valid[:, -1:]
+        self.catch_up = (time.perf_counter() - start, self.lm.calls - calls)
 
     def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         gamma = self.drafts.size(1)
