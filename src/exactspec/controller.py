@@ -32,7 +32,7 @@ MAX_GAMMA = 32  # the longest block anyone may ask for
 AUTO_MAX_GAMMA = 16  # the longest the controller chooses
 START_GAMMA = 4  # a source's first round, before its cost is known
 _RECENT = 8  # an estimate is the smallest of this many latest samples
-_PRIOR_SLOPE = 0.2  # past the pass sizes seen, a token costs this share of the cheapest pass
+_PRIOR_SLOPE = 0.05  # past the pass sizes seen, a token costs this share of the cheapest pass
 _FIRST_PROBE, _LAST_PROBE, _REFRESH_PROBE = 4, 32, 64
 
 _PRIOR_DRAFTS = 2  # a generation's α starts from a prior worth this many drafts
@@ -91,9 +91,10 @@ class GammaController:
         return self.acceptance[source]
 
     def observe(self, source: str, drafted: int | list[int], num_accepted, target_tokens: int,
-                draft_seconds: float, target_seconds: float, draft_calls: int = 0) -> None:
+                draft_seconds: float | None, target_seconds: float, draft_calls: int = 0) -> None:
         """Learn from one finished round: its timings, the draft model's forward passes (0 for a
-        drafter without a model) and each row's τ, num_accepted[B].
+        drafter without a model; draft_seconds None when the round says nothing of the draft's
+        cost) and each row's τ, num_accepted[B].
         drafted: the drafts of every row, or a list of each row's own (rows of a continuous batch
         differ); a row that drafted nothing in a round that drafted (no lookup match, its
         budget's last token) counts as a rejection: it got the one token of a plain step."""
@@ -104,7 +105,8 @@ class GammaController:
         width = max(per_row, default=0)
         if width == 0 or source == "none":
             return
-        _record(self.draft, source, draft_seconds / (draft_calls or width))
+        if draft_seconds is not None:
+            _record(self.draft, source, draft_seconds / (draft_calls or width))
         stats, past = self._stats(source), self.past.setdefault(source, [0, 0])
         accepted = sum(min(tau, n) for tau, n in zip(kept, per_row))
         rejected = sum(1 for tau, n in zip(kept, per_row) if tau < n or n == 0)

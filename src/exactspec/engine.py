@@ -259,10 +259,14 @@ class Round:
     draft_calls: int = 0  # forward passes of the draft's own model in this round
     catch_up: tuple[float, int] = (0.0, 0)  # of those: the seconds and passes of catching up
 
-    def draft_cost(self) -> tuple[float, int]:
+    def draft_cost(self) -> tuple[float | None, int]:
         """The draft's seconds and passes without its catch-up (a one-off cost after rounds it sat
-        out): what the controller learns a drafting round costs."""
-        return self.draft_seconds - self.catch_up[0], self.draft_calls - self.catch_up[1]
+        out): what the controller learns a drafting round costs; seconds None when the catch-up
+        was the round's only pass (nothing to learn the cost from)."""
+        calls = self.draft_calls - self.catch_up[1]
+        if self.catch_up[1] and calls == 0:
+            return None, 0
+        return self.draft_seconds - self.catch_up[0], calls
 
 
 class Decoder(ContinuousBatching):

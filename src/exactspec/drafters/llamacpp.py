@@ -82,7 +82,7 @@ class LlamaCppDrafter:
         self.name = f"llamacpp:{self.path.name}"
         self.calls = self.tokens_fed = self.padding_fed = 0
         self.context, self.device = None, torch.device("cpu")
-        self.catch_up = (0.0, 0)  # (seconds, decodes) of the last proposal's catch-up
+        self.catch_up = (0.0, 0)  # (seconds, decodes) of the last proposal's catch-up (see propose)
 
     def tokens(self) -> tuple[str, ...]:
         """The GGUF's token list: token id i is tokens()[i]."""
@@ -109,13 +109,18 @@ class LlamaCppDrafter:
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
+        """Up to γ drafts per row. When some row is more than two tokens behind, the first decode
+        (its catch-up) is reported apart in `catch_up`: the controller learns a round's cost from
+        the decodes after it."""
         batch, self.catch_up = len(self.seqs), (0.0, 0)
         if gamma == 0:  # the budget's last token: nothing to draft, nothing to feed
             self.drafts = torch.empty(batch, 0, dtype=torch.long)
             return Proposal(self.drafts, None)
         self._make_room(sum(map(len, self.pending)) + batch * gamma)
-        self._catch_up()
+        start, calls, behind = time.perf_counter(), self.calls, max(map(len, self.pending)) > 2
         logits = self._feed(self.pending)  # [B, V], after each row's pending tokens
+        if behind:  # a prompt, or rounds it sat out: not what a round costs once in step
+            self.catch_up = (time.perf_counter() - start, self.calls - calls)
         self.pending = [[] for _ in range(batch)]
         drafts, qs = torch.empty(batch, gamma, dtype=torch.long), []  # [B, γ], filled as drawn
         for i in range(gamma):
@@ -169,17 +174,6 @@ class LlamaCppDrafter:
             self.seqs.append(seq)
             self.fed.append([])
             self.pending.append(row[mask.bool()].tolist())
-
-    def _catch_up(self) -> None:
-        """Rows more than two tokens behind (rows that joined, rounds this drafter sat out) are fed
-        all but their last pending token first, timed apart as `catch_up` (seconds, decodes): a
-        one-off cost, not what a drafting round costs once the drafter is in step."""
-        start, calls = time.perf_counter(), self.calls
-        behind = [row[:-1] if len(row) > 2 else [] for row in self.pending]
-        if any(behind) and self.tokens_fed:  # the first prompts are fed whole, as ModelDrafter does
-            self._feed(behind)
-            self.pending = [row[len(done):] for row, done in zip(self.pending, behind)]
-        self.catch_up = (time.perf_counter() - start, self.calls - calls)
 
     def _feed(self, tokens: list[list[int]]) -> torch.Tensor:
         """Feed tokens[b] to row b's sequence (all rows, in decodes of at most BATCH_TOKENS

@@ -20,13 +20,14 @@ class ModelDrafter:
     that kept every draft also the last draft (it was sampled but never fed). A round feeds the
     pending tokens (rows with fewer get a padding hole), then one token per further draft.
     The cache catches up lazily: the prompt, and the tokens of rounds this drafter sat out
-    (`observe`), stay pending until it next proposes.
+    (`observe`), stay pending until it next proposes; that pass is reported apart (`catch_up`),
+    so the controller learns a round's cost from the passes after it.
     """
 
     def __init__(self, model):
         self.model, self.tokenizer, self.name = unwrap_model(model, "draft")
         self.lm: CachedModel | None = None
-        self.catch_up = (0.0, 0)  # (seconds, forward passes) of the last proposal's catch-up
+        self.catch_up = (0.0, 0)  # (seconds, passes) of the last proposal's first pass, if behind
 
     def bind(self, target, total_tokens: int) -> int:
         """The shared vocabulary: the draft's tokenizer must match the target's (the vocabulary
@@ -59,8 +60,10 @@ class ModelDrafter:
         if gamma == 0:  # the budget's last token: nothing to draft, nothing to feed
             self.drafts = self.pending.new_empty(batch, 0)
             return Proposal(self.drafts, None)
-        self._catch_up()
+        start, calls, behind = time.perf_counter(), self.lm.calls, self.pending.size(1) > 2
         logits = self.lm.prefill(self.pending, self.pending_valid)  # [B, V], after the pending tokens
+        if behind:  # a prompt, or rounds it sat out: not what a round costs once in step
+            self.catch_up = (time.perf_counter() - start, self.lm.calls - calls)
         drafts, qs = self.pending.new_empty(batch, gamma), []  # [B, γ], filled as they are drawn
         for i in range(gamma):
             q_i = sampling.probs(logits, drafts=drafts[:, :i])  # [B, V], after the drafts so far
@@ -70,18 +73,6 @@ class ModelDrafter:
                 logits = self.lm.feed(drafts[:, i: i + 1])[:, -1]  # [B, V]
         self.drafts = drafts  # [B, γ]
         return Proposal(self.drafts, torch.stack(qs, dim=1))  # [B, γ], [B, γ, V]
-
-    def _catch_up(self) -> None:
-        """More than two pending columns (rounds this drafter sat out, rows that joined): all but
-        the last are fed first, timed apart as `catch_up` (seconds, forward passes): a one-off
-        cost, not what a drafting round costs once the drafter is in step. The first prompt is
-        fed whole (one pass fewer; that first round's cost is one sample among many)."""
-        if self.pending.size(1) <= 2 or self.lm.tokens_fed == 0:  # in step, or the first prompt
-            return
-        start, calls = time.perf_counter(), self.lm.calls
-        self.lm.prefill(self.pending[:, :-1], self.pending_valid[:, :-1])  # logits unused
-        self.pending, self.pending_valid = self.pending[:, -1:], self.pending_valid[:, -1:]
-        self.catch_up = (time.perf_counter() - start, self.lm.calls - calls)
 
     def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         gamma = self.drafts.size(1)
