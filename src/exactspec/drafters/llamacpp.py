@@ -101,7 +101,10 @@ class LlamaCppDrafter:
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         self.seqs, self.fed, self.pending = [], [], []
-        self._new_context(FIRST_CONTEXT)
+        if self.context is None:
+            self._new_context(FIRST_CONTEXT)
+        else:  # a generation after the first: the context is reused, its KV cache emptied
+            self.llama.llama_memory_clear(self.memory, True)
         self.join(input_ids, valid)
 
     def next_source(self) -> str:
