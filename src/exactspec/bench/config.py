@@ -25,12 +25,12 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from exactspec.controller import AUTO, MAX_GAMMA
+from exactspec.drafters import is_llamacpp_spec
 from exactspec.models import BUNDLED_MODEL, parse_model_spec
 
 METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted")
 VERIFY_ORDER = ("block", "token")  # the verification rules, in the order rows list them
 NGRAM = "ngram"
-LLAMACPP = "llamacpp"
 DEFAULT_TARGET = BUNDLED_MODEL
 DEFAULT_GAMMAS = (4, AUTO)
 HF_LOOKUP_GAMMAS = (4, 10)  # Transformers' prompt lookup: γ = 10 is the value its docs use
@@ -86,15 +86,10 @@ BUILTIN_PROMPTS: tuple[BenchPrompt, ...] = (
 def default_drafts() -> tuple[str, ...]:
     """The bundled target's bfloat16 copy, its own GGUF through llama.cpp (when the llamacpp extra
     is installed), prompt lookup and the auto draft."""
-    from exactspec.drafters import llamacpp_available
+    from exactspec.drafters import LLAMACPP, llamacpp_available
 
     llama = (LLAMACPP,) if llamacpp_available() else ()
     return (f"{BUNDLED_MODEL}@bfloat16", *llama, NGRAM, AUTO)
-
-
-def is_llamacpp_draft(draft: str | None) -> bool:
-    """Whether a draft spec names a llama.cpp draft: "llamacpp" or "llamacpp:PATH"."""
-    return isinstance(draft, str) and draft.split(":")[0].lower() == LLAMACPP
 
 
 def is_auto_draft(draft: str | None) -> bool:
@@ -107,14 +102,10 @@ def auto_model_spec(draft: str, target: str) -> str:
     draft: "llamacpp" (its own GGUF through llama.cpp) for a target loaded from a GGUF file (the
     bundled model is) when the llamacpp extra is installed, otherwise its bfloat16 copy (the
     target's name with "@bfloat16", whatever dtype the target spec names)."""
-    from exactspec.drafters import llamacpp_available
+    from exactspec.drafters import default_model_spec
 
     spec = draft[len(AUTO) + 1:] if draft.startswith(f"{AUTO}:") else ""
-    if spec:
-        return spec
-    name = parse_model_spec(target)[0]
-    from_gguf = name.lower() == BUNDLED_MODEL or name.lower().endswith(".gguf")
-    return LLAMACPP if from_gguf and llamacpp_available() else f"{name}@bfloat16"
+    return spec or default_model_spec(parse_model_spec(target)[0])
 
 
 def fixed_gammas(gammas) -> list[int]:
@@ -248,7 +239,7 @@ def peer_gammas(draft: str, gammas) -> list[int | str]:
         return []
     if draft == NGRAM:
         return sorted(set(HF_LOOKUP_GAMMAS) | set(fixed_gammas(gammas)))
-    if is_llamacpp_draft(draft):  # Transformers cannot run a llama.cpp model
+    if is_llamacpp_spec(draft):  # Transformers cannot run a llama.cpp model
         return []
     return [*fixed_gammas(gammas), "default"]
 

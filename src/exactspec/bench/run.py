@@ -21,8 +21,7 @@ from typing import Callable
 import torch
 
 from exactspec.bench.config import (CURVE_MIN_GAMMA, NGRAM, WARMUP_TOKENS, BenchConfig, RunSpec,
-                                    auto_model_spec, fixed_gammas, is_auto_draft,
-                                    is_llamacpp_draft, plan)
+                                    auto_model_spec, fixed_gammas, is_auto_draft, plan)
 from exactspec.bench.report import (add_speedups, build_costmodel, build_summary, load_average,
                                     machine_info, summarize)
 from exactspec.bench.runners import Runner, RunResult
@@ -48,7 +47,7 @@ def load_models(config: BenchConfig, models: dict | None = None,
     target's vocabulary. models: LoadedModels by spec, used
     instead of loading; a spec named twice (an auto draft's model and the same model as a draft
     of its own) is loaded once."""
-    from exactspec.drafters import AutoDrafter, ModelDrafter, make_drafter
+    from exactspec.drafters import AutoDrafter, ModelDrafter, is_llamacpp_spec, make_drafter
     from exactspec.models import check_compatible, load_model
 
     config.check()
@@ -64,7 +63,7 @@ def load_models(config: BenchConfig, models: dict | None = None,
         return loaded[spec]
 
     def model_draft(spec: str):
-        if is_llamacpp_draft(spec):  # a drafter the engine restarts for each generation
+        if is_llamacpp_spec(spec):  # a drafter the engine restarts for each generation
             drafter = make_drafter(spec, target=target)
             drafter.bind(target, 1)
             return drafter, drafter

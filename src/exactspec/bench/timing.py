@@ -9,7 +9,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from exactspec.bench.config import NGRAM, is_auto_draft, is_llamacpp_draft
+from exactspec.bench.config import NGRAM, is_auto_draft
+from exactspec.drafters import is_llamacpp_spec
 from exactspec.engine import synchronize
 
 
@@ -81,7 +82,7 @@ def measure_timings(target, drafts: dict, context_ids: torch.Tensor, max_gamma: 
             continue
         if draft == NGRAM:
             seconds, how = time_ngram_draft(context_ids, 4), "one n-gram lookup (γ = 4) / 4"
-        elif is_llamacpp_draft(spec):
+        elif is_llamacpp_spec(spec):
             log(f"timing the draft {spec} ...")
             seconds = time_llamacpp_draft(draft, target, context_ids, 4)
             how = "one proposal (γ = 4: 4 one-token decodes and draws) / 4"

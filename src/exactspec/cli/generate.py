@@ -185,14 +185,14 @@ def run_generate(args) -> int:
 def _draft(spec: str, target, dtype: str | None = None):
     """None (plain decoding), "ngram", an `AutoDrafter`, a llama.cpp drafter or a loaded draft
     model, for --draft. "auto" drafts, when prompt lookup has nothing, with the target's default
-    model draft (`_default_model_spec`)."""
-    from exactspec.drafters import make_drafter
+    model draft (`exactspec.drafters.default_model_spec`)."""
+    from exactspec.drafters import default_model_spec, make_drafter
 
     spec = spec.strip()
     if spec.lower() in ("none", "ngram"):
         return None if spec.lower() == "none" else "ngram"
     if spec.lower() == "auto" or spec.lower().startswith("auto:"):
-        model = _model_draft(spec[len("auto:"):] or _default_model_spec(target), target, dtype)
+        model = _model_draft(spec[len("auto:"):] or default_model_spec(target.name), target, dtype)
         drafter = make_drafter("auto", default_model=model)
         drafter.spec = f"auto:{_draft_name(model)}"  # for the tables and --json
         return drafter
@@ -201,9 +201,9 @@ def _draft(spec: str, target, dtype: str | None = None):
 
 def _model_draft(spec: str, target, dtype: str | None):
     """A llama.cpp drafter for "llamacpp[:PATH]", else the draft model loaded from the spec."""
-    from exactspec.drafters import LLAMACPP, make_drafter
+    from exactspec.drafters import is_llamacpp_spec, make_drafter
 
-    if spec.lower().split(":")[0] != LLAMACPP:
+    if not is_llamacpp_spec(spec):
         return _load(spec, dtype, "--draft")
     try:
         drafter = make_drafter(spec, target=target)
@@ -211,17 +211,6 @@ def _model_draft(spec: str, target, dtype: str | None):
         raise CliError(f"--draft: {err}") from None
     drafter.spec = drafter.name
     return drafter
-
-
-def _default_model_spec(target) -> str:
-    """llama.cpp on the target's own GGUF when it came from one (the bundled model did) and
-    llama-cpp-python is installed; otherwise the target's weights in bfloat16."""
-    from exactspec.drafters import LLAMACPP, llamacpp_available
-    from exactspec.drafters.llamacpp import gguf_file
-
-    if gguf_file(target) is not None and llamacpp_available():
-        return LLAMACPP
-    return f"{target.name}@bfloat16"
 
 
 def _draft_name(draft) -> str:

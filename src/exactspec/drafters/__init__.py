@@ -12,7 +12,7 @@ from exactspec.drafters.ngram import NGramDrafter
 from exactspec.models import load_model, unwrap_model
 
 __all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "Proposal",
-           "default_model_draft", "make_drafter"]
+           "default_model_draft", "default_model_spec", "is_llamacpp_spec", "make_drafter"]
 
 LLAMACPP = "llamacpp"
 
@@ -33,12 +33,28 @@ def make_drafter(draft, default_model=None, target=None) -> Drafter:
             if model is None and target is None:
                 raise ValueError("draft 'auto' needs a model draft: pass 'auto:SPEC' or default_model")
             return AutoDrafter(make_drafter(model) if model is not None else default_model_draft(target))
-        if draft.lower() == LLAMACPP or draft.lower().startswith(LLAMACPP + ":"):
+        if is_llamacpp_spec(draft):
             return _llamacpp_drafter(draft[len(LLAMACPP) + 1:], target)
         return ModelDrafter(load_model(draft))
     if isinstance(draft, Drafter):
         return draft
     return ModelDrafter(draft)
+
+
+def is_llamacpp_spec(spec) -> bool:
+    """Whether a draft spec names a llama.cpp draft: "llamacpp" or "llamacpp:PATH"."""
+    return isinstance(spec, str) and spec.split(":")[0].lower() == LLAMACPP
+
+
+def default_model_spec(target_name: str) -> str:
+    """The spec of a target's default model draft, from the target's name: "llamacpp" (its own
+    file through llama.cpp) for the bundled model or a `.gguf` file when llama-cpp-python is
+    installed, else its weights in bfloat16 ("NAME@bfloat16"). `default_model_draft` makes the
+    same choice for a target already loaded."""
+    from exactspec.models import BUNDLED_MODEL
+
+    from_gguf = target_name.lower() == BUNDLED_MODEL or target_name.lower().endswith(".gguf")
+    return LLAMACPP if from_gguf and llamacpp_available() else f"{target_name}@bfloat16"
 
 
 def default_model_draft(target) -> Drafter:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from exactspec.drafters.base import Proposal
-from exactspec.models import check_context, unwrap_model
+from exactspec.models import check_length, unwrap_model
 from exactspec.sampling import SamplingConfig, sample
 
 INSTALL_HINT = ("llama-cpp-python is not installed: pip install 'exactspec[llamacpp]' "
@@ -95,7 +95,7 @@ class LlamaCppDrafter:
 
         model, _, _ = unwrap_model(target, "target")
         self.device = next(model.parameters()).device  # drafts and q go where the target's p is
-        check_context(_TrainContext(self.model.n_ctx_train()), self.name, total_tokens)
+        check_length(self.model.n_ctx_train(), self.name, total_tokens)
         return check_token_list(target, self.tokens(), f"draft {self.name!r}")
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
@@ -252,10 +252,3 @@ def _load_gguf(path: str):
 def _token_list(path: str) -> tuple[str, ...]:
     model = _load_gguf(path)
     return tuple(model.token_get_text(i) for i in range(model.n_vocab()))
-
-
-class _TrainContext:
-    """Stands in for a model config: `check_context` reads max_position_embeddings."""
-
-    def __init__(self, n_ctx_train: int):
-        self.config = type("Config", (), {"max_position_embeddings": n_ctx_train})()

@@ -6,7 +6,7 @@
 - `vocab`: whether a target and a draft share a vocabulary, and prompt encoding.
 """
 from exactspec.models.loaded import (
-    LoadedModel, check_context, context_length, eos_token_ids, output_vocab_size, unwrap_model,
+    LoadedModel, check_context, check_length, context_length, eos_token_ids, output_vocab_size, unwrap_model,
     usable_vocab,
 )
 from exactspec.models.loading import (

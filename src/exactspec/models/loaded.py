@@ -141,7 +141,11 @@ def eos_token_ids(obj) -> list[int]:
 
 def check_context(model, name: str, total: int) -> None:
     """Refuse a generation whose prompt + max_new_tokens exceeds the model's context window."""
-    limit = context_length(model)
+    check_length(context_length(model), name, total)
+
+
+def check_length(limit: int | None, name: str, total: int) -> None:
+    """Refuse `total` tokens for a model whose context window is `limit` (None: no limit known)."""
     if limit is not None and total > limit:
         raise ValueError(f"prompt + max_new_tokens = {total} tokens exceeds the context window of "
                          f"{name!r} ({limit} tokens)")
