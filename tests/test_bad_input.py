@@ -263,7 +263,8 @@ def test_cli_ctrl_c_mid_generation(env, capsys, monkeypatch):
             raise KeyboardInterrupt
 
     monkeypatch.setattr(generate.TextStream, "__call__", interrupt)
-    argv = WITH_DRAFT + ["--gamma", "2", "--max-new-tokens", "20", "--stream"]  # ≥ 7 rounds
+    # ≥ 7 rounds; seeded, so the tiny model cannot end the text early by drawing its EOS
+    argv = WITH_DRAFT + ["--gamma", "2", "--max-new-tokens", "20", "--stream", "--seed", "0"]
     code, _, err = run_cli(capsys, env.fill(argv))
     assert code == 130 and len(rounds) == 2
     check_one_line(err, "generate", r"^exactspec generate: interrupted$")
