@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import exactspec as es
-from exactspec.controller import GammaController
+from exactspec.controller import _PLAIN_SAMPLES, START_GAMMA, GammaController
 from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter
 from conftest import ALPHA, chi_square_pvalue
 from test_decoding import NGRAM_PROMPT, PROMPTS, hf_greedy, ids, target_joint
@@ -134,7 +134,8 @@ def test_min_drafts_drops_lookups_too_short_to_pay():
     timing, nothing is dropped."""
     assert GammaController().min_drafts("ngram", 4) == 0
     controller = GammaController()
-    for tokens, seconds in ((1, 0.040), (2, 0.068), (3, 0.084), (4, 0.063), (5, 0.064)):
+    plain_steps(controller, 0.040)
+    for tokens, seconds in ((2, 0.068), (3, 0.084), (4, 0.063), (5, 0.064)):
         controller.observe("none", 0, torch.tensor([0]), tokens, 0.0, seconds)
     controller.observe("ngram", 4, torch.tensor([2]), 3, 1e-5, 0.084)  # α = 3/5 so far
     assert controller.min_drafts("ngram", 4) == 3
@@ -157,9 +158,15 @@ def test_a_controller_that_peeks_at_the_target_is_caught(tiny_pair):
     assert chi_square_pvalue({(t,): n for t, n in first.items()}, law) < ALPHA
 
 
+def plain_steps(controller: GammaController, seconds: float) -> None:
+    """Enough plain steps of `seconds` for the controller to price rounds (it times T(1) first)."""
+    for _ in range(_PLAIN_SAMPLES):
+        controller.observe("none", 0, torch.tensor([0]), 1, 0.0, seconds)
+
+
 def test_controller_prefers_plain_steps_when_the_draft_costs_more_than_it_saves():
     controller = GammaController()
-    controller.observe("model", 0, torch.tensor([0]), 1, 0.0, 0.040)  # a plain step: 40 ms
+    plain_steps(controller, 0.040)  # a plain step: 40 ms
     for _ in range(5):  # a draft token costs 44 ms and 40 % of drafts are kept
         controller.observe("model", 4, torch.tensor([1]), 5, 0.176, 0.065)
     choices = [controller.choose("model") for _ in range(130)]
@@ -170,7 +177,7 @@ def test_controller_prefers_plain_steps_when_the_draft_costs_more_than_it_saves(
 
 def test_controller_probes_sooner_when_a_better_alpha_would_pay():
     controller = GammaController()
-    controller.observe("model", 0, torch.tensor([0]), 1, 0.0, 0.040)
+    plain_steps(controller, 0.040)
     for _ in range(20):  # a draft token costs 4 ms, but few drafts are kept
         controller.observe("model", 4, torch.tensor([0]), 5, 0.016, 0.065)
     controller.observe("model", 4, torch.tensor([4]), 5, 0.016, 0.065)
@@ -180,7 +187,7 @@ def test_controller_probes_sooner_when_a_better_alpha_would_pay():
 
 def test_controller_drafts_long_blocks_when_drafts_are_free_and_kept():
     controller = GammaController()
-    controller.observe("ngram", 0, torch.tensor([0]), 1, 0.0, 0.040)
+    plain_steps(controller, 0.040)
     for _ in range(20):
         controller.observe("ngram", 8, torch.tensor([8]), 9, 0.0001, 0.090)
     assert controller.choose("ngram") >= 8
@@ -191,7 +198,7 @@ def test_a_slow_first_pass_does_not_stop_drafting_for_good():
     pass slower than k one-token passes is set aside, so free drafts still get drafted."""
     controller = GammaController()
     controller.observe("ngram", 1, torch.tensor([1]), 2, 0.0001, 5.0)
-    controller.observe("ngram", 0, torch.tensor([0]), 1, 0.0, 0.040)
+    plain_steps(controller, 0.040)
     assert controller.target_seconds(2) < 0.080
     assert controller.choose("ngram") > 0
 
@@ -202,3 +209,55 @@ def test_draft_cost_is_per_forward_pass_of_the_draft_model():
     controller = GammaController()
     controller.observe("model", 3, torch.tensor([3]), 4, 0.090, 0.050, draft_calls=3)
     assert min(controller.draft["model"]) == pytest.approx(0.030)
+
+
+def test_controller_times_a_plain_step_before_pricing_rounds():
+    """A draft not seen yet drafts START_GAMMA; then plain steps time T(1) until it has
+    _PLAIN_SAMPLES samples at this batch size, and only then are rounds priced."""
+    controller = GammaController()
+    assert controller.choose("ngram") == START_GAMMA
+    controller.observe("ngram", 4, torch.tensor([4]), 4, 0.0001, 0.060)
+    choices = []
+    for _ in range(_PLAIN_SAMPLES):
+        choices.append(controller.choose("ngram"))
+        controller.observe("none", 0, torch.tensor([0]), 1, 0.0, 0.040)
+    assert choices == [0] * _PLAIN_SAMPLES and controller.choose("ngram") > 0
+
+
+def test_timings_are_kept_per_batch_size():
+    """T(k) at 8 rows does not price a round of 1 row (a batch's rows end at different rounds),
+    while the draft's cost comes from the nearest batch size seen."""
+    controller = GammaController()
+    for _ in range(_PLAIN_SAMPLES):
+        controller.observe("none", 0, torch.zeros(8, dtype=torch.long), 1, 0.0, 0.070)
+    controller.observe("model", 4, torch.full((8,), 4), 5, 0.100, 0.130, draft_calls=4)
+    assert controller.choose("model", rows=8) > 0
+    assert controller.choose("model", rows=1) == 0  # T(1) of one row is not timed yet
+    assert controller.target_by_rows[8][1] == [0.070] * _PLAIN_SAMPLES and not controller.target
+    assert controller.draft_seconds("model") == pytest.approx(0.025)
+
+
+def test_a_draft_that_must_catch_up_drafts_only_if_the_tokens_left_repay_it():
+    """A model draft that sat out 700 tokens catches up at 2 ms a token (1.4 s): with 30 tokens
+    left, drafting's saving (about 20 ms a token) does not repay it, with 500 left it does; a
+    draft in step drafts either way, and no probe catches up when even perfect drafts could not
+    repay it."""
+    controller = GammaController()
+    plain_steps(controller, 0.040)
+    for _ in range(5):
+        controller.observe("model", 4, torch.tensor([4]), 5, 0.024, 0.060)
+    controller.observe_catch_up("model", 1.4, 700)
+    assert controller.choose("model", lag=700, tokens_left=30) == 0
+    assert controller.choose("model", lag=700, tokens_left=500) > 0
+    assert controller.choose("model", lag=0, tokens_left=30) > 0
+    assert set(controller.choose("model", lag=7000, tokens_left=30) for _ in range(200)) == {0}
+
+
+def test_a_lockstep_batch_counts_each_round_as_its_least_kept_row():
+    """In a fixed batch (done when its slowest row is) a round counts as the row that kept the
+    fewest drafts; a row that drafted nothing counts as a rejection."""
+    batch, served = GammaController(lockstep=True), GammaController()
+    for controller in (batch, served):
+        controller.observe("ngram", [4, 4, 0], torch.tensor([4, 3, 0]), 5, 0.0001, 0.060)
+    assert (batch.acceptance["ngram"].accepted, batch.acceptance["ngram"].rejected) == (0, 1)
+    assert (served.acceptance["ngram"].accepted, served.acceptance["ngram"].rejected) == (7, 2)

@@ -24,7 +24,8 @@ ROW_FIELDS = {
     "wall_seconds", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "ms_per_token",
     "time_to_first_token", "accepted_drafts", "drafted_tokens", "corrections", "bonus_tokens",
     "rounds", "target_calls", "draft_calls", "acceptance_rate", "alpha", "tokens_per_round",
-    "ms_per_round", "speedup_vs_autoregressive", "speedup_vs_hf_generate",
+    "ms_per_round", "speedup_vs_autoregressive", "speedup_vs_hf_generate", "decode_tokens_per_s",
+    "decode_speedup_vs_autoregressive",
     "matches_autoregressive", "peer_settings", "rounds_by_source", "mean_gamma",
 }
 # fake cost-model inputs (seconds): target passes over 1..9 tokens, and each draft per token
@@ -158,8 +159,9 @@ def test_costmodel_uses_measured_numbers(tiny_result):
                 assert p["measured_speedup_token"] is None
             else:
                 assert p["measured_speedup_token"] == measured["speedup_vs_autoregressive"]
+                assert p["measured_decode_speedup_token"] == measured["decode_speedup_vs_autoregressive"]
                 assert p["measured_over_predicted_token"] == pytest.approx(
-                    measured["speedup_vs_autoregressive"] / p["predicted_speedup"])
+                    measured["decode_speedup_vs_autoregressive"] / p["predicted_speedup"])
         best = max(curve["points"], key=lambda p: p["predicted_speedup"])
         assert curve["best_predicted_speedup"] == best["predicted_speedup"]
 
@@ -254,7 +256,8 @@ def test_costmodel_by_hand():
     """Known α and timings give the reference's S(α, γ, c) where the block costs one target pass."""
     rows = [{"method": "speculative", "temperature": 0.8, "prompts": "open", "draft": "d",
              "gamma": 4, "verify": "token", "accepted_drafts": 70, "corrections": 30,
-             "speedup_vs_autoregressive": 1.5, "tokens_per_round": 2.8, "ms_per_round": 50.0}]
+             "speedup_vs_autoregressive": 1.4, "decode_speedup_vs_autoregressive": 1.5,
+             "tokens_per_round": 2.8, "ms_per_round": 50.0}]
     timings = {"context_tokens": 10, "target": [{"tokens": n, "seconds": 1.0} for n in range(1, 6)],
                "drafts": {"d": {"seconds_per_token": 0.1, "measured_as": "fake"}}}
     curve = build_costmodel(rows, timings, curve_max_gamma=4)["curves"][0]
@@ -263,7 +266,7 @@ def test_costmodel_by_hand():
     assert curve["best_predicted_speedup"] == pytest.approx(costmodel.speedup(0.7, 4, 0.1))
     assert curve["best_predicted_speedup"] == pytest.approx(1.98, abs=0.01)  # the reference's cost model
     assert curve["points"][3]["measured_over_predicted_token"] == pytest.approx(
-        1.5 / costmodel.speedup(0.7, 4, 0.1))
+        1.5 / costmodel.speedup(0.7, 4, 0.1))  # the decode phase: the model has no prefill term
 
 
 def test_plot(tiny_result, tmp_path):
@@ -415,3 +418,14 @@ def test_cli_end_to_end_on_tiny_models(tiny_loaded_pair, tmp_path, capsys, monke
     assert "γ=auto vs autoregressive: tiny-draft token" in captured.out
     assert captured.err == ""
     assert all(math.isfinite(r["tokens_per_s"]) for r in result["rows"])
+
+
+def test_decode_rate_leaves_out_the_first_emission():
+    """The decode phase: tokens after each run's first emission over the seconds after it."""
+    from exactspec.bench.report import decode_rate
+    from exactspec.bench.runners import RunResult
+
+    runs = [RunResult(list(range(32)), 1.0, 0.2, first_tokens=5),
+            RunResult(list(range(32)), 2.0, 0.4, first_tokens=1)]
+    assert decode_rate(runs) == pytest.approx((27 + 31) / (0.8 + 1.6))
+    assert decode_rate([RunResult([1, 2], 1.0, None)]) is None

@@ -157,19 +157,20 @@ def test_rows_joining_and_leaving_stay_exact(tiny_pair, kind, settings, verify):
     assert chi_square_pvalue(counts, joint) > ALPHA
 
 
-def test_auto_gamma_times_each_batch_size_from_the_nearest_one(tiny_pair):
-    """AutoGamma keeps timings per batch size; a batch size seen for the first time starts from
-    the nearest one timed (no fixed-γ first round), and acceptance is one for the whole batch."""
+def test_auto_gamma_times_each_batch_size_apart(tiny_pair):
+    """AutoGamma keeps one controller per target and drafter, with timings per batch size (a
+    pass over 3 rows is not a pass over 2), and acceptance is one for the whole batch."""
     target, draft = tiny_pair
     driver = AutoGamma()
     settings = [RowSettings(max_new_tokens=n, temperature=0, gamma=AUTO) for n in (4, 30, 30)]
     decoder = start(target, drafters(draft)["model"](), PROMPTS[:3], settings)
     while decoder.rows.active.numel() == 3:
         driver.step(decoder)
-    two = driver.controller(decoder)  # first seen now: seeded from batch size 3
-    assert two.target and two.draft and two.target is not driver.controllers[
-        (id(decoder.lm.model), 3, decoder.drafter.name)].target
-    assert two.acceptance is driver.acceptance and "model" in driver.acceptance
+    driver.step(decoder)
+    controller = driver.controller(decoder)
+    assert list(driver.controllers) == [(id(decoder.lm.model), decoder.drafter.name)]
+    assert controller.target_by_rows[3] and controller.target_by_rows[2]
+    assert controller.acceptance is driver.acceptance and "model" in driver.acceptance
 
 
 class FlatCosts(GammaController):
@@ -178,6 +179,9 @@ class FlatCosts(GammaController):
 
     def target_seconds(self, k: int) -> float:
         return 1.0 + 0.05 * k
+
+    def plain_timed(self) -> bool:
+        return True
 
 
 class RecordingAutoGamma(AutoGamma):

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.cache import CachedModel
-from exactspec.controller import AUTO, MAX_GAMMA, GammaController
+from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
+from exactspec.drafters.base import drafter_lag
 from exactspec.sampling import RowSampling, SamplingConfig, check_sampling_args
 from exactspec.verify import VERIFY_RULES, BlockResult, verify_block, verify_rows
 
@@ -263,19 +264,11 @@ class AutoGamma:
         self.extra_cost: dict[tuple[str, int], float] = {}
 
     def controller(self, decoder) -> GammaController:
-        """The controller for the decoder's target, drafter and batch size now. A batch size not
-        timed yet starts from the timings of the nearest one that was (rather than a first round
-        at a fixed γ, which for a draft that sat rounds out means a long catch-up pass)."""
-        target_key = (id(decoder.lm.model), decoder.rows.active.numel())
-        key = (*target_key, decoder.drafter.name)
+        """The controller for the decoder's target and drafter (it keeps timings per batch size)."""
+        key = (id(decoder.lm.model), decoder.drafter.name)
         if key not in self.controllers:
-            controller = self.controller_type.shared(target_key, key)
+            controller = self.controller_type.shared(key[0], key)
             controller.acceptance, controller.past = self.acceptance, {}  # spans requests already
-            timed = [k for k, c in self.controllers.items() if k[::2] == key[::2] and c.target]
-            if timed and not controller.target:
-                nearest = self.controllers[min(timed, key=lambda k: abs(k[1] - key[1]))]
-                controller.target.update({k: list(v) for k, v in nearest.target.items()})
-                controller.draft.update({s: list(v) for s, v in nearest.draft.items()})
             self.controllers[key] = controller
         return self.controllers[key]
 
@@ -284,16 +277,17 @@ class AutoGamma:
         drafter, per_row = decoder.drafter, decoder.per_row
         source = drafter.next_source()
         controller = self.controller(decoder)
-        key = (source, decoder.rows.active.numel())
-        gamma = controller.choose(source) if any(row.gamma == AUTO for row in per_row.settings) else 0
-        plain = controller.target_seconds(1) if gamma and controller.target else None
+        rows = decoder.rows.active.numel()
+        key = (source, rows)
+        gamma = controller.choose(source, rows=rows, lag=drafter_lag(drafter),
+                                  tokens_left=decoder.rows.budget_left()) if any(
+            row.gamma == AUTO for row in per_row.settings) else 0
+        plain = controller.target_seconds(1) if gamma and 1 in controller.target else None
         if plain and self.payoff.get(key, 1.0) < 1 and (
                 self.since_drafting.get(key, 0.0) * PROBE_SHARE < self.extra_cost.get(key, 0.0)):
             gamma = 0  # drafting has not paid lately, and its next try is not due yet
         report = decoder.step(gamma)
-        draft_seconds, draft_calls = report.draft_cost()
-        controller.observe(source, per_row.drafted, report.num_accepted, report.target_tokens,
-                           draft_seconds, report.target_seconds, draft_calls)
+        observe_round(controller, source, report, per_row.drafted)
         seconds = report.draft_seconds + report.target_seconds
         for name in self.since_drafting.keys() | {key}:
             self.since_drafting[name] = self.since_drafting.get(name, 0.0) + seconds

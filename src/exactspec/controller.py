@@ -1,9 +1,14 @@
 """Adaptive γ: before each round, the γ that maximizes expected output tokens per expected second.
 
 The controller keeps, from rounds already run (the past-only rule, so the output stays exact):
-- T(k): the seconds of a target pass over k tokens per row, per k, and for the k not seen yet
-  a line between the nearest sizes seen;
-- the draft's seconds per proposed token, per source ("model", "ngram", ...);
+- T(k): the seconds of a target pass over k tokens per row, per k and per batch size (rows in
+  the pass: a batch's rows end at different rounds, and a pass over 8 rows costs more than over
+  1), and for the k not seen yet a line between the nearest sizes seen;
+- the draft's seconds per proposed token, per source ("model", "ngram", ...) and batch size (a
+  batch size not seen yet takes the nearest one's);
+- a model draft's catch-up seconds per token: after rounds it sat out (and for the prompt) it
+  feeds the tokens it missed before drafting, so it drafts only if what drafting saves over the
+  tokens left to generate pays for that;
 - α per source: kept drafts / (kept drafts + rejections) in this generation, the geometric
   model's estimate, starting from a uniform prior.
 
@@ -14,6 +19,11 @@ is per forward pass of its model (a catch-up pass counts once).
 
 It picks γ in 0..max_gamma maximizing E[N](α, γ) / (γ · c_draft + T(γ + 1)), where
 E[N] = Σ_{k=0..γ} α^k and γ = 0 is a plain step (one token per T(1)).
+
+Before rounds at a batch size are priced, T(1), what every round is weighed against, is timed
+with _PLAIN_SAMPLES plain steps (they cost nothing against plain decoding; fewer would leave T(1)
+the smallest of fewer samples than the drafting rounds' T(k), biased towards drafting); before
+anything is known of a draft its first round drafts START_GAMMA tokens.
 
 When γ = 0 wins it still probes with a one-draft round now and then, so a drop to γ = 0 is
 never permanent: after 4, 8, 16 and then every 32 plain steps while drafting could pay at a
@@ -32,15 +42,19 @@ MAX_GAMMA = 32  # the longest block anyone may ask for
 AUTO_MAX_GAMMA = 16  # the longest the controller chooses
 START_GAMMA = 4  # a source's first round, before its cost is known
 _RECENT = 8  # an estimate is the smallest of this many latest samples
+_PLAIN_SAMPLES = 3  # T(1) is timed this many times at a batch size before rounds are priced there
 _PRIOR_SLOPE = 0.05  # past the pass sizes seen, a token costs this share of the cheapest pass
 _FIRST_PROBE, _LAST_PROBE, _REFRESH_PROBE = 4, 32, 64
 
 _PRIOR_DRAFTS = 2  # a generation's α starts from a prior worth this many drafts
 _PAST_WINDOW = 256  # past generations' drafts per source, after which older ones weigh half
 
-_TARGET_SECONDS: dict[object, dict[int, list[float]]] = {}  # past generations' T(k) samples
-_DRAFT_SECONDS: dict[object, dict[str, list[float]]] = {}  # and draft samples, by drafter
-_PAST_ACCEPTANCE: dict[object, dict[str, list[int]]] = {}  # and [kept, rejected] per source
+# past generations' samples: T(k) per batch size, by target; per drafter: the draft's cost per
+# token per batch size and source, its catch-up cost per token, and [kept, rejected] per source
+_TARGET_SECONDS: dict[object, dict[int, dict[int, list[float]]]] = {}
+_DRAFT_SECONDS: dict[object, dict[int, dict[str, list[float]]]] = {}
+_CATCH_UP_SECONDS: dict[object, dict[str, list[float]]] = {}
+_PAST_ACCEPTANCE: dict[object, dict[str, list[int]]] = {}
 
 
 def _record(samples: dict, key, seconds: float) -> None:
@@ -70,18 +84,40 @@ class GammaController:
     """Chooses γ per round from past timings and acceptances (see the module docstring)."""
 
     max_gamma: int = AUTO_MAX_GAMMA
-    target: dict[int, list[float]] = field(default_factory=dict)  # k → seconds of k-token passes
-    draft: dict[str, list[float]] = field(default_factory=dict)  # source → seconds per draft token
+    target_by_rows: dict[int, dict[int, list[float]]] = field(default_factory=dict)  # rows → k → s
+    draft_by_rows: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # rows → source → s/token
+    catch_up: dict[str, list[float]] = field(default_factory=dict)  # source → seconds per token
     acceptance: dict[str, _Acceptance] = field(default_factory=dict)
     past: dict[str, list[int]] = field(default_factory=dict)  # source → [kept, rejected] before
+    rows: int = 1  # the batch size of the round being chosen (set by `choose`)
+    lockstep: bool = False  # a fixed batch, done when its slowest row is: see `observe`
 
     @classmethod
     def shared(cls, target_key, drafter_key) -> GammaController:
         """A controller whose timings persist across generations with the same keys, and whose
         α starts from the past generations' (see `_Acceptance`)."""
-        return cls(target=_TARGET_SECONDS.setdefault(target_key, {}),
-                   draft=_DRAFT_SECONDS.setdefault(drafter_key, {}),
+        return cls(target_by_rows=_TARGET_SECONDS.setdefault(target_key, {}),
+                   draft_by_rows=_DRAFT_SECONDS.setdefault(drafter_key, {}),
+                   catch_up=_CATCH_UP_SECONDS.setdefault(drafter_key, {}),
                    past=_PAST_ACCEPTANCE.setdefault(drafter_key, {}))
+
+    @property
+    def target(self) -> dict[int, list[float]]:
+        """k → seconds of k-token passes, at the current batch size."""
+        return self.target_by_rows.setdefault(self.rows, {})
+
+    @property
+    def draft(self) -> dict[str, list[float]]:
+        """source → seconds per draft token, at the current batch size."""
+        return self.draft_by_rows.setdefault(self.rows, {})
+
+    def draft_seconds(self, source: str) -> float | None:
+        """The draft's seconds per token at the current batch size, else at the nearest one
+        seen; None before any."""
+        seen = [rows for rows, costs in self.draft_by_rows.items() if costs.get(source)]
+        if not seen:
+            return None
+        return min(self.draft_by_rows[min(seen, key=lambda rows: abs(rows - self.rows))][source])
 
     def _stats(self, source: str) -> _Acceptance:
         if source not in self.acceptance:
@@ -97,7 +133,11 @@ class GammaController:
         cost) and each row's τ, num_accepted[B].
         drafted: the drafts of every row, or a list of each row's own (rows of a continuous batch
         differ); a row that drafted nothing in a round that drafted (no lookup match, its
-        budget's last token) counts as a rejection: it got the one token of a plain step."""
+        budget's last token) counts as a rejection: it got the one token of a plain step.
+        In `lockstep` (a fixed batch whose rows share one budget: it ends with its slowest row)
+        a round counts as the row that kept the fewest drafts: drafts other rows kept only make
+        them finish early, which on a CPU saves little."""
+        self.rows = num_accepted.numel()
         if target_tokens > 0:
             _record(self.target, target_tokens, target_seconds)
         kept = num_accepted.tolist()
@@ -105,6 +145,9 @@ class GammaController:
         width = max(per_row, default=0)
         if width == 0 or source == "none":
             return
+        if self.lockstep:
+            least = min(range(len(kept)), key=lambda i: min(kept[i], per_row[i]))
+            kept, per_row = [kept[least]], [per_row[least]]
         if draft_seconds is not None:
             _record(self.draft, source, draft_seconds / (draft_calls or width))
         stats, past = self._stats(source), self.past.setdefault(source, [0, 0])
@@ -115,35 +158,62 @@ class GammaController:
         if sum(past) > _PAST_WINDOW:
             past[0], past[1] = past[0] // 2, past[1] // 2
 
-    def choose(self, source: str) -> int:
-        """The γ for the next round when `source` drafts it."""
+    def observe_catch_up(self, source: str, seconds: float, tokens: int) -> None:
+        """A round's draft first fed `tokens` it had missed (its lag), in `seconds`."""
+        if tokens > 0:
+            _record(self.catch_up, source, seconds / tokens)
+
+    def choose(self, source: str, rows: int = 1, lag: int = 0, tokens_left: int | None = None) -> int:
+        """The γ for the next round of `rows` rows when `source` drafts it; `lag`: the tokens the
+        draft must catch up on first, `tokens_left`: the most any row may still generate."""
+        self.rows = rows
         if source == "none":
             return 0
-        if source not in self.draft or not self.target:
+        if self.draft_seconds(source) is None:
             return START_GAMMA
+        if not self.plain_timed():
+            return 0  # a plain step times T(1)
         stats = self._stats(source)
         gamma = self.best_gamma(source, stats.alpha())
+        if gamma > 0 and not self.catch_up_pays(source, stats.alpha(), gamma, lag, tokens_left):
+            return 0  # sitting out only adds to the lag: no probes either
         if gamma > 0:
             stats.plain_steps, stats.probe_after = 0, _FIRST_PROBE
             return gamma
         stats.plain_steps += 1
-        could_pay = self.best_gamma(source, 1.0) > 0
+        could_pay = self.best_gamma(source, 1.0)
         if stats.plain_steps < (stats.probe_after if could_pay else _REFRESH_PROBE):
             return 0
+        if not self.catch_up_pays(source, 1.0, max(could_pay, 1), lag, tokens_left):
+            return 0  # even if every draft were kept, catching up would cost more than it saves
         stats.plain_steps = 0
         stats.probe_after = min(2 * stats.probe_after, _LAST_PROBE)
         return 1  # a probe: a short round keeps α and the draft's cost up to date
+
+    def catch_up_pays(self, source: str, alpha: float, gamma: int, lag: int,
+                      tokens_left: int | None) -> bool:
+        """Whether drafting at γ from now on saves, over the tokens left, more than the catch-up
+        on `lag` tokens costs (true while that cost or the budget is unknown)."""
+        if not lag or tokens_left is None or not self.catch_up.get(source):
+            return True
+        saved = tokens_left * (1 / self.rate(source, alpha, 0) - 1 / self.rate(source, alpha, gamma))
+        return saved > lag * min(self.catch_up[source])
 
     def min_drafts(self, source: str, gamma: int) -> int:
         """The fewest drafts worth a target pass in a round of up to γ: a proposal of fewer (prompt
         lookup often finds only a short match) is expected to deliver fewer tokens per second
         than a plain step, so the round drops it. 0 (keep any proposal) before the costs are
         known, and when no length up to γ pays: that round is a probe, chosen to learn α."""
-        if gamma == 0 or source not in self.draft or not self.target:
+        if gamma == 0 or self.draft_seconds(source) is None or not self.plain_timed():
             return 0
         alpha = self._stats(source).alpha()
         plain = self.rate(source, alpha, 0)
         return next((n for n in range(1, gamma + 1) if self.rate(source, alpha, n) >= plain), 0)
+
+    def plain_timed(self) -> bool:
+        """Whether T(1) has _PLAIN_SAMPLES samples at this batch size (its estimate is the smallest
+        of them; drafting rounds get many samples, fewer would bias it towards drafting)."""
+        return len(self.target.get(1, ())) >= _PLAIN_SAMPLES
 
     def best_gamma(self, source: str, alpha: float) -> int:
         return max(range(self.max_gamma + 1), key=lambda g: self.rate(source, alpha, g))
@@ -151,7 +221,7 @@ class GammaController:
     def rate(self, source: str, alpha: float, gamma: int) -> float:
         """Expected output tokens per second of a round with γ drafts."""
         tokens = sum(alpha ** k for k in range(gamma + 1))  # E[N]
-        return tokens / (gamma * min(self.draft[source]) + self.target_seconds(gamma + 1))
+        return tokens / (gamma * self.draft_seconds(source) + self.target_seconds(gamma + 1))
 
     def target_seconds(self, k: int) -> float:
         """T(k): measured when k was seen, else read off a line between the nearest sizes seen
@@ -177,3 +247,13 @@ def _between(seen: dict[int, float], k: int) -> float:
     if below is not None:
         return seen[below] + per_token * (k - below)
     return max(seen[above] - per_token * (above - k), per_token)
+
+
+def observe_round(controller, source: str, report, drafted=None) -> None:
+    """The controller learns from a finished round, `exactspec.engine.Round` (drafted: each row's
+    drafts, when rows differ), and a GammaController also from the draft's catch-up."""
+    draft_seconds, draft_calls = report.draft_cost()
+    controller.observe(source, report.drafted if drafted is None else drafted, report.num_accepted,
+                       report.target_tokens, draft_seconds, report.target_seconds, draft_calls)
+    if report.catch_up[1] and isinstance(controller, GammaController):
+        controller.observe_catch_up(source, report.catch_up[0], report.lag)

@@ -23,8 +23,9 @@ import torch
 from exactspec import distributed
 from exactspec.batching import DRAFT, ContinuousBatching, left_pad
 from exactspec.cache import CachedModel
-from exactspec.controller import AUTO, MAX_GAMMA, GammaController
+from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
 from exactspec.drafters import Drafter, Proposal, make_drafter
+from exactspec.drafters.base import drafter_lag
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.sampling import SamplingConfig
 from exactspec.verify import VERIFY_RULES, verify_block
@@ -258,6 +259,7 @@ class Round:
     target_seconds: float
     draft_calls: int = 0  # forward passes of the draft's own model in this round
     catch_up: tuple[float, int] = (0.0, 0)  # of those: the seconds and passes of catching up
+    lag: int = 0  # the tokens the draft had to catch up on (see `drafters.base.lag`)
 
     def draft_cost(self) -> tuple[float | None, int]:
         """The draft's seconds and passes without its catch-up (a one-off cost after rounds it sat
@@ -302,7 +304,7 @@ class Decoder(ContinuousBatching):
         stays exact."""
         lm, drafter, rows = self.lm, self.drafter, self.rows
         block = self._block(gamma)  # the longest budget left decides
-        calls_before, started = (lm.calls, drafter.calls), self.clock.read()
+        calls_before, started, lag = (lm.calls, drafter.calls), self.clock.read(), drafter_lag(drafter)
         # 1. draft: up to γ tokens per row, with the q they were drawn from
         sampling = self._settings()  # bound to each row's prefix when its processing reads it
         proposal = drafter.propose(block, sampling, self._stream(DRAFT))
@@ -314,7 +316,7 @@ class Decoder(ContinuousBatching):
         p = sampling.probs(self.scorer.score(self.last, drafts), drafts=drafts)  # [b, γ'+1, V]
         report = Round(drafts.size(1), None, (lm.tokens_fed - fed_before) // drafts.size(0),
                        drafted_at - started, self.clock.read() - drafted_at,
-                       drafter.calls - calls_before[1], getattr(drafter, "catch_up", (0.0, 0)))
+                       drafter.calls - calls_before[1], getattr(drafter, "catch_up", (0.0, 0)), lag)
         # 3. verify: keep a prefix of the drafts, then one correction or bonus token
         result = self._verify(proposal, drafts, p)
         report.num_accepted = tau = result.num_accepted  # [b]
@@ -366,29 +368,40 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
     decoder = Decoder(target, drafter, input_ids, attention_mask, **settings)
     controller = gamma if hasattr(gamma, "choose") else None
     if gamma == AUTO:  # timings carry over between generations with the same target and drafter
-        target_key = (id(decoder.lm.model), decoder.ids.size(0))
-        controller = GammaController.shared(target_key, (*target_key, drafter.name))
+        key = id(decoder.lm.model)
+        controller = GammaController.shared(key, (key, drafter.name))
+        controller.lockstep = decoder.ids.size(0) > 1
     by_source: dict[str, int] = {}
     while not decoder.done:
         source = drafter.next_source()
         if controller:
-            chosen = controller.choose(source)
-            shortest = controller.min_drafts(source, chosen) if hasattr(controller, "min_drafts") else 0
-            chosen, shortest = distributed.from_leader((chosen, shortest))  # rank 0's timings decide
-            report = decoder.step(chosen, shortest)
+            report = decoder.step(*_choose(controller, source, decoder))
         else:
             report = decoder.step(gamma)
         distributed.check_round(decoder.rows.new, decoder.rounds)
         if controller:
-            draft_seconds, draft_calls = report.draft_cost()
-            controller.observe(source, report.drafted, report.num_accepted, report.target_tokens,
-                               draft_seconds, report.target_seconds, draft_calls)
+            observe_round(controller, source, report)
         kind = source if report.drafted else "plain"
         by_source[kind] = by_source.get(kind, 0) + 1
     distributed.check_same(decoder.rows.new, "the end")  # tensor-parallel ranks agree
     out = decoder.output()
     out.rounds_by_source = by_source
     return out
+
+
+def _choose(controller, source: str, decoder: Decoder) -> tuple[int, int]:
+    """The next round's γ and fewest drafts worth a pass, from the controller (rank 0's timings
+    decide for every rank). A `GammaController` also weighs the batch size, the draft's lag and
+    the tokens left; any controller with `choose(source)` will do."""
+    if isinstance(controller, GammaController):
+        lag = drafter_lag(decoder.drafter)
+        chosen = controller.choose(source, rows=decoder.rows.active.numel(), lag=lag,
+                                   tokens_left=decoder.rows.budget_left())
+        shortest = controller.min_drafts(source, chosen)
+    else:
+        chosen = controller.choose(source)
+        shortest = controller.min_drafts(source, chosen) if hasattr(controller, "min_drafts") else 0
+    return distributed.from_leader((chosen, shortest))
 
 
 def _output(ids, valid, rows: _Rows, lm: CachedModel, drafter, rounds: int,

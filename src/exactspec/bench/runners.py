@@ -31,6 +31,7 @@ class RunResult:
     time_to_first_token: float | None
     stats: object | None = None  # DecodeStats for exactspec methods
     rounds_by_source: dict | None = None  # exactspec methods: rounds per source ("ngram", ...)
+    first_tokens: int | None = None  # how many tokens the first emission (at time_to_first_token) held
 
 
 class _FirstTokenStreamer:
@@ -38,13 +39,13 @@ class _FirstTokenStreamer:
     `put` carries the prompt)."""
 
     def __init__(self, start: float, device: torch.device):
-        self.start, self.device, self.calls, self.first = start, device, 0, None
+        self.start, self.device, self.calls, self.first, self.first_tokens = start, device, 0, None, None
 
     def put(self, value) -> None:
         self.calls += 1
         if self.calls == 2 and self.first is None:
             synchronize(self.device)
-            self.first = time.perf_counter() - self.start
+            self.first, self.first_tokens = time.perf_counter() - self.start, value.numel()
 
     def end(self) -> None:
         pass
@@ -114,9 +115,9 @@ class Runner:
     def _run_exactspec(self, spec, input_ids, seed, max_new_tokens) -> RunResult:
         first = []
 
-        def on_tokens(_row, _new):
+        def on_tokens(_row, new):
             if not first:
-                first.append(time.perf_counter() - start)  # the engine synchronized already
+                first.extend((time.perf_counter() - start, len(new)))  # the engine synchronized already
 
         kwargs = dict(max_new_tokens=max_new_tokens, seed=seed, eos_token_id=[],
                       on_tokens=on_tokens, **self.sampling(spec.temperature))
@@ -131,7 +132,7 @@ class Runner:
         wall = time.perf_counter() - start
         tokens = out.sequences[0, input_ids.size(1):].tolist()
         return RunResult(tokens, wall, first[0] if first else None, out.stats,
-                         dict(out.rounds_by_source))
+                         dict(out.rounds_by_source), first[1] if first else None)
 
     def generation_config(self, spec: RunSpec, max_new_tokens: int):
         """The Transformers GenerationConfig of an hf_* configuration."""
@@ -202,4 +203,4 @@ class Runner:
             synchronize(self.device)
             wall = time.perf_counter() - start
         tokens = out[0, input_ids.size(1):].tolist()
-        return RunResult(tokens, wall, streamer.first)
+        return RunResult(tokens, wall, streamer.first, first_tokens=streamer.first_tokens)

@@ -134,6 +134,7 @@ RUN_COLUMNS = [  # (header, field, format)
     ("α", "alpha", "{:.3f}"), ("tok/round", "tokens_per_round", "{:.2f}"),
     ("ms/round", "ms_per_round", "{:.0f}"), ("mean γ", "mean_gamma", "{:.1f}"),
     ("rounds", "sources", "{}"), ("×AR", "speedup_vs_autoregressive", "{:.2f}"),
+    ("×AR decode", "decode_speedup_vs_autoregressive", "{:.2f}"),
     ("×HF", "speedup_vs_hf_generate", "{:.2f}"), ("=AR", "same", "{}"),
 ]
 
@@ -146,6 +147,7 @@ COST_COLUMNS = [
     ("predicted", "predicted_speedup", "{:.2f}"),
     ("measured token", "measured_speedup_token", "{:.2f}"),
     ("measured block", "measured_speedup_block", "{:.2f}"),
+    ("decode token", "measured_decode_speedup_token", "{:.2f}"),
     ("meas/pred", "measured_over_predicted_token", "{:.2f}"),
 ]
 

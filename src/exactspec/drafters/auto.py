@@ -34,6 +34,10 @@ class AutoDrafter:
     def bind(self, target, total_tokens: int) -> int:
         return self.model.bind(target, total_tokens)
 
+    def lag(self) -> int:
+        """The model draft's catch-up if it drafts the next round (prompt lookup has none)."""
+        return self.model.lag() if self.next_source() == "model" and hasattr(self.model, "lag") else 0
+
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         self.model.start(input_ids, valid, vocab_size)
         self.lookup.start(input_ids, valid, vocab_size)

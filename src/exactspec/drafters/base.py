@@ -18,6 +18,19 @@ from exactspec.models import usable_vocab
 from exactspec.sampling import SamplingConfig
 
 
+IN_STEP = 2  # committed tokens per row a draft model feeds in a round in step: last draft, next token
+
+
+def lag(pending_per_row) -> int:
+    """The tokens beyond IN_STEP per row that a draft model's next proposal must feed."""
+    return sum(max(0, int(n) - IN_STEP) for n in pending_per_row)
+
+
+def drafter_lag(drafter) -> int:
+    """A drafter's `lag()`, 0 for drafters without a cache of their own."""
+    return drafter.lag() if hasattr(drafter, "lag") else 0
+
+
 @dataclass
 class Proposal:
     """tokens: LongTensor[B, γ'] with γ' ≤ γ; q: [B, γ', V] the distributions they were sampled
@@ -47,7 +60,10 @@ class Drafter(Protocol):
       then emitted next_tokens[b] (a correction or the bonus);
     - `select(rows)`: keep only the rows still generating.
     Optional, for continuous batching (`Decoder.join`): `join(input_ids[n, L], valid[n, L])` adds
-    rows at a round boundary whose last prompt token is their last committed token.
+    rows at a round boundary whose last prompt token is their last committed token. Optional, for
+    a draft model with its own cache: `lag() -> int`, the committed tokens its next proposal must
+    feed beyond the IN_STEP per row of a round in step (the prompt, or rounds it sat out), over
+    all rows; the γ controller prices that catch-up against the tokens left to generate.
     """
 
     name: str

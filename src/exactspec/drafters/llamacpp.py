@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from exactspec.drafters.base import Proposal
+from exactspec.drafters.base import Proposal, lag
 from exactspec.models import check_length, unwrap_model
 from exactspec.sampling import SamplingConfig, sample
 
@@ -110,6 +110,10 @@ class LlamaCppDrafter:
     def next_source(self) -> str:
         return "model"
 
+    def lag(self) -> int:
+        """Pending tokens beyond a round in step's (see `drafters.base.lag`)."""
+        return lag(map(len, self.pending))
+
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         """Up to γ drafts per row. When some row is more than two tokens behind, the first decode
@@ -120,7 +124,7 @@ class LlamaCppDrafter:
             self.drafts = torch.empty(batch, 0, dtype=torch.long)
             return Proposal(self.drafts, None)
         self._make_room(sum(map(len, self.pending)) + batch * gamma)
-        start, calls, behind = time.perf_counter(), self.calls, max(map(len, self.pending)) > 2
+        start, calls, behind = time.perf_counter(), self.calls, self.lag() > 0
         logits = self._feed(self.pending)  # [B, V], after each row's pending tokens
         if behind:  # a prompt, or rounds it sat out: not what a round costs once in step
             self.catch_up = (time.perf_counter() - start, self.calls - calls)

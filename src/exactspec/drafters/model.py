@@ -6,7 +6,7 @@ import time
 import torch
 
 from exactspec.cache import CachedModel
-from exactspec.drafters.base import Proposal
+from exactspec.drafters.base import Proposal, lag
 from exactspec.models import check_compatible, check_context, unwrap_model
 from exactspec.sampling import SamplingConfig, sample
 
@@ -54,13 +54,17 @@ class ModelDrafter:
     def next_source(self) -> str:
         return "model"
 
+    def lag(self) -> int:
+        """Pending tokens beyond a round in step's (see `drafters.base.lag`)."""
+        return lag(self.pending_valid.sum(dim=1).tolist())
+
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         batch, self.catch_up = self.pending.size(0), (0.0, 0)
         if gamma == 0:  # the budget's last token: nothing to draft, nothing to feed
             self.drafts = self.pending.new_empty(batch, 0)
             return Proposal(self.drafts, None)
-        start, calls, behind = time.perf_counter(), self.lm.calls, self.pending.size(1) > 2
+        start, calls, behind = time.perf_counter(), self.lm.calls, self.lag() > 0
         logits = self.lm.prefill(self.pending, self.pending_valid)  # [B, V], after the pending tokens
         if behind:  # a prompt, or rounds it sat out: not what a round costs once in step
             self.catch_up = (time.perf_counter() - start, self.lm.calls - calls)
