@@ -25,10 +25,10 @@ with _PLAIN_SAMPLES plain steps (they cost nothing against plain decoding; fewer
 the smallest of fewer samples than the drafting rounds' T(k), biased towards drafting); before
 anything is known of a draft its first round drafts START_GAMMA tokens.
 
-When γ = 0 wins it still probes with a one-draft round now and then, so a drop to γ = 0 is
-never permanent: after 4, 8, 16 and then every 32 plain steps while drafting could pay at a
-better α, and every 64 while it could not pay even if every draft were kept (then only the
-timings can change the answer). Timings are remembered for the process (`shared`), keyed by
+When γ = 0 wins it still probes with the cheapest drafting round now and then, so a drop to
+γ = 0 is never permanent: after 4, 8, 16 and then every 32 plain steps while drafting could pay
+at a better α (every 32 from the start when past generations drafted with this drafter), and every 64 while it could not pay even if every draft were kept (then only
+the timings can change the answer). Timings are remembered for the process (`shared`), keyed by
 the target and the drafter, so a second generation starts from the first one's costs; so is
 acceptance, but only as a prior worth _PRIOR_DRAFTS drafts: α belongs to the text, and a few of
 this generation's drafts outweigh it.
@@ -123,7 +123,8 @@ class GammaController:
         if source not in self.acceptance:
             kept, rejected = self.past.get(source, (0, 0))
             prior = (kept + 1) / (kept + rejected + 2) if kept + rejected else 0.5
-            self.acceptance[source] = _Acceptance(prior=prior)
+            first_probe = _LAST_PROBE if kept + rejected else _FIRST_PROBE  # past ones probed already
+            self.acceptance[source] = _Acceptance(prior=prior, probe_after=first_probe)
         return self.acceptance[source]
 
     def observe(self, source: str, drafted: int | list[int], num_accepted, target_tokens: int,
@@ -188,7 +189,13 @@ class GammaController:
             return 0  # even if every draft were kept, catching up would cost more than it saves
         stats.plain_steps = 0
         stats.probe_after = min(2 * stats.probe_after, _LAST_PROBE)
-        return 1  # a probe: a short round keeps α and the draft's cost up to date
+        return self.probe_gamma(source)  # a probe keeps α and the draft's cost up to date
+
+    def probe_gamma(self, source: str) -> int:
+        """The γ of the cheapest drafting round: on a CPU a pass of 2 tokens can cost more than
+        one of 5, so a probe of γ = 1 is not always the cheap one."""
+        cost = self.draft_seconds(source)
+        return min(range(1, self.max_gamma + 1), key=lambda g: g * cost + self.target_seconds(g + 1))
 
     def catch_up_pays(self, source: str, alpha: float, gamma: int, lag: int,
                       tokens_left: int | None) -> bool:
@@ -203,12 +210,13 @@ class GammaController:
         """The fewest drafts worth a target pass in a round of up to γ: a proposal of fewer (prompt
         lookup often finds only a short match) is expected to deliver fewer tokens per second
         than a plain step, so the round drops it. 0 (keep any proposal) before the costs are
-        known, and when no length up to γ pays: that round is a probe, chosen to learn α."""
+        known; γ when no length up to γ pays: that round is a probe (`probe_gamma`), which only
+        a proposal of its whole length makes worth its pass."""
         if gamma == 0 or self.draft_seconds(source) is None or not self.plain_timed():
             return 0
         alpha = self._stats(source).alpha()
         plain = self.rate(source, alpha, 0)
-        return next((n for n in range(1, gamma + 1) if self.rate(source, alpha, n) >= plain), 0)
+        return next((n for n in range(1, gamma + 1) if self.rate(source, alpha, n) >= plain), gamma)
 
     def plain_timed(self) -> bool:
         """Whether T(1) has _PLAIN_SAMPLES samples at this batch size (its estimate is the smallest
