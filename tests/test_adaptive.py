@@ -261,3 +261,18 @@ def test_a_lockstep_batch_counts_each_round_as_its_least_kept_row():
         controller.observe("ngram", [4, 4, 0], torch.tensor([4, 3, 0]), 5, 0.0001, 0.060)
     assert (batch.acceptance["ngram"].accepted, batch.acceptance["ngram"].rejected) == (0, 1)
     assert (served.acceptance["ngram"].accepted, served.acceptance["ngram"].rejected) == (7, 2)
+
+
+def test_plain_steps_count_towards_a_probe_across_generations():
+    """Generations shorter than the probe schedule still probe: the plain steps since the last
+    probe are kept for the process, like the timings (here 4 split 2 + 2 over two generations)."""
+    key = object()
+    choices = []
+    for _ in range(2):
+        controller = GammaController.shared(key, (key, "test"))
+        if not controller.plain_timed():
+            plain_steps(controller, 0.040)
+            for _ in range(20):  # a draft token costs 4 ms, but few drafts are kept
+                controller.observe("model", 4, torch.tensor([0]), 5, 0.016, 0.065)
+        choices += [controller.choose("model") for _ in range(2)]
+    assert choices[:3] == [0, 0, 0] and choices[3] > 0

@@ -90,8 +90,9 @@ def test_every_configuration_and_field(tiny_result):
                 assert 0 <= row["acceptance_rate"] <= 1
         if exact:  # rounds per way of drafting add up to the rounds
             assert sum(row["rounds_by_source"].values()) == row["rounds"]
-            sources = {"autoregressive": {"plain"}, "ngram": {"ngram", "plain"},
-                       "tiny-draft": {"model", "plain"}, "auto": {"ngram", "model", "plain"}}
+            sources = {"autoregressive": {"plain"}, "ngram": {"ngram", "ngram-1", "plain"},
+                       "tiny-draft": {"model", "plain"},
+                       "auto": {"ngram", "ngram-1", "model", "plain"}}
             assert set(row["rounds_by_source"]) <= sources[row["draft"] or row["method"]]
             if isinstance(row["gamma"], int) and row["mean_gamma"] is not None:
                 assert 0 < row["mean_gamma"] <= row["gamma"]

@@ -204,10 +204,21 @@ def test_ngram_drafter_proposes_earlier_continuation(rule, expected):
     index = SuffixIndex([4, 5, 6, 7, 8, 4, 5, 6, 9, 4, 5, 6], max_n=3)
     assert drafter.lookup(index, 3) == expected  # the longest suffix, [4, 5, 6], matched earlier
     assert drafter.lookup(SuffixIndex([1, 2, 3], 3), 3) == []
-    assert drafter.lookup(SuffixIndex([3, 1, 2, 3], 3), 5) == [1, 2]  # a 1-token match: 2 drafts
-    kept = SuffixIndex([3, 1, 2, 3], 3)
-    kept.kept_all = True  # after a lookup the row kept whole, twice as long
-    assert drafter.lookup(kept, 5) == [1, 2, 3]
+    assert drafter.lookup(SuffixIndex([3, 1, 2, 3], 3), 5) == [1, 2, 3]  # what followed, up to γ
+    assert drafter.lookup(SuffixIndex([3, 1, 2, 3], 3), 2) == [1, 2]
+
+
+def test_a_one_token_match_is_a_source_of_its_own():
+    """The controller keeps α per source: a lookup whose longest match (over the rows) is one
+    token is "ngram-1", a longer one "ngram"."""
+    from exactspec.drafters.ngram import ONE_TOKEN_MATCH
+
+    drafter = NGramDrafter()
+    ones = torch.ones(2, 4, dtype=torch.bool)
+    drafter.start(torch.tensor([[3, 1, 2, 3], [5, 6, 7, 8]]), ones, 10)
+    assert drafter.next_source() == ONE_TOKEN_MATCH
+    drafter.start(torch.tensor([[3, 1, 2, 3], [6, 7, 6, 7]]), ones, 10)
+    assert drafter.next_source() == "ngram"
 
 
 def test_suffix_index_matches_brute_force_as_it_grows():

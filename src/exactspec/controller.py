@@ -27,9 +27,10 @@ anything is known of a draft its first round drafts START_GAMMA tokens.
 
 When γ = 0 wins it still probes with the cheapest drafting round now and then, so a drop to
 γ = 0 is never permanent: after 4, 8, 16 and then every 32 plain steps while drafting could pay
-at a better α (every 32 from the start when past generations drafted with this drafter), and every 64 while it could not pay even if every draft were kept (then only
-the timings can change the answer). Timings are remembered for the process (`shared`), keyed by
-the target and the drafter, so a second generation starts from the first one's costs; so is
+at a better α, and every 64 while it could not pay even if every draft were kept (then only
+the timings can change the answer); plain steps count across generations, so short generations
+probe too. Timings are remembered for the process (`shared`), keyed by the target and the
+drafter, so a second generation starts from the first one's costs; so is
 acceptance, but only as a prior worth _PRIOR_DRAFTS drafts: α belongs to the text, and a few of
 this generation's drafts outweigh it.
 """
@@ -55,6 +56,7 @@ _TARGET_SECONDS: dict[object, dict[int, dict[int, list[float]]]] = {}
 _DRAFT_SECONDS: dict[object, dict[int, dict[str, list[float]]]] = {}
 _CATCH_UP_SECONDS: dict[object, dict[str, list[float]]] = {}
 _PAST_ACCEPTANCE: dict[object, dict[str, list[int]]] = {}
+_PROBES: dict[object, dict[str, list[int]]] = {}  # and [plain steps since a probe, next probe after]
 
 
 def _record(samples: dict, key, seconds: float) -> None:
@@ -65,14 +67,12 @@ def _record(samples: dict, key, seconds: float) -> None:
 
 @dataclass
 class _Acceptance:
-    """Kept and rejected drafts of one source in this generation, and the probe schedule.
+    """Kept and rejected drafts of one source in this generation.
     α starts from `prior`, weighted as _PRIOR_DRAFTS drafts: the α of past generations with the
     same drafter when there were any, else 1/2 (a uniform prior)."""
 
     accepted: int = 0
     rejected: int = 0
-    plain_steps: int = 0  # γ = 0 chosen in a row since the last probe
-    probe_after: int = _FIRST_PROBE
     prior: float = 0.5
 
     def alpha(self) -> float:
@@ -89,6 +89,7 @@ class GammaController:
     catch_up: dict[str, list[float]] = field(default_factory=dict)  # source → seconds per token
     acceptance: dict[str, _Acceptance] = field(default_factory=dict)
     past: dict[str, list[int]] = field(default_factory=dict)  # source → [kept, rejected] before
+    probes: dict[str, list[int]] = field(default_factory=dict)  # source → [plain steps, probe after]
     rows: int = 1  # the batch size of the round being chosen (set by `choose`)
     lockstep: bool = False  # a fixed batch, done when its slowest row is: see `observe`
 
@@ -99,7 +100,8 @@ class GammaController:
         return cls(target_by_rows=_TARGET_SECONDS.setdefault(target_key, {}),
                    draft_by_rows=_DRAFT_SECONDS.setdefault(drafter_key, {}),
                    catch_up=_CATCH_UP_SECONDS.setdefault(drafter_key, {}),
-                   past=_PAST_ACCEPTANCE.setdefault(drafter_key, {}))
+                   past=_PAST_ACCEPTANCE.setdefault(drafter_key, {}),
+                   probes=_PROBES.setdefault(drafter_key, {}))
 
     @property
     def target(self) -> dict[int, list[float]]:
@@ -123,8 +125,7 @@ class GammaController:
         if source not in self.acceptance:
             kept, rejected = self.past.get(source, (0, 0))
             prior = (kept + 1) / (kept + rejected + 2) if kept + rejected else 0.5
-            first_probe = _LAST_PROBE if kept + rejected else _FIRST_PROBE  # past ones probed already
-            self.acceptance[source] = _Acceptance(prior=prior, probe_after=first_probe)
+            self.acceptance[source] = _Acceptance(prior=prior)
         return self.acceptance[source]
 
     def observe(self, source: str, drafted: int | list[int], num_accepted, target_tokens: int,
@@ -178,17 +179,17 @@ class GammaController:
         gamma = self.best_gamma(source, stats.alpha())
         if gamma > 0 and not self.catch_up_pays(source, stats.alpha(), gamma, lag, tokens_left):
             return 0  # sitting out only adds to the lag: no probes either
+        probe = self.probes.setdefault(source, [0, _FIRST_PROBE])
         if gamma > 0:
-            stats.plain_steps, stats.probe_after = 0, _FIRST_PROBE
+            probe[:] = [0, _FIRST_PROBE]
             return gamma
-        stats.plain_steps += 1
+        probe[0] += 1
         could_pay = self.best_gamma(source, 1.0)
-        if stats.plain_steps < (stats.probe_after if could_pay else _REFRESH_PROBE):
+        if probe[0] < (probe[1] if could_pay else _REFRESH_PROBE):
             return 0
         if not self.catch_up_pays(source, 1.0, max(could_pay, 1), lag, tokens_left):
             return 0  # even if every draft were kept, catching up would cost more than it saves
-        stats.plain_steps = 0
-        stats.probe_after = min(2 * stats.probe_after, _LAST_PROBE)
+        probe[:] = [0, min(2 * probe[1], _LAST_PROBE)]
         return self.probe_gamma(source)  # a probe keeps α and the draft's cost up to date
 
     def probe_gamma(self, source: str) -> int:

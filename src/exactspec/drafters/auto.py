@@ -43,18 +43,20 @@ class AutoDrafter:
         self.lookup.start(input_ids, valid, vocab_size)
 
     def next_source(self) -> str:
-        """"ngram" or "model", decided from the committed tokens; kept until the round commits."""
+        """The lookup's source ("ngram", ...) or "model", decided from the committed tokens; kept
+        until the round commits."""
         if self.source is None:
-            self.source = "ngram" if self.lookup.match_length() >= self.min_match else "model"
+            lookup = self.lookup.match_length() >= self.min_match
+            self.source = self.lookup.next_source() if lookup else "model"
         return self.source
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        drafter = self.lookup if self.next_source() == "ngram" else self.model
+        drafter = self.model if self.next_source() == "model" else self.lookup
         return drafter.propose(gamma, sampling, generator)
 
     def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        drafted, idle = (self.lookup, self.model) if self.source == "ngram" else (self.model, self.lookup)
+        drafted, idle = (self.model, self.lookup) if self.source == "model" else (self.lookup, self.model)
         drafted.commit(num_accepted, next_tokens)
         idle.observe(drafted.drafts, num_accepted, next_tokens)
         self.source = None

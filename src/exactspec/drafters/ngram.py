@@ -8,13 +8,15 @@ from exactspec.models import usable_vocab
 from exactspec.sampling import SamplingConfig
 
 
+ONE_TOKEN_MATCH = "ngram-1"  # the source of a lookup whose longest match is one token
+
+
 class SuffixIndex:
     """Where each n-gram (n = 1..max_n) of one row's tokens ends, updated as tokens arrive:
     appending a token costs max_n dictionary inserts, whatever the length of the context."""
 
     def __init__(self, tokens: list[int], max_n: int):
         self.tokens, self.max_n, self.ends = [], max_n, {}
-        self.kept_all = False  # did the row keep every drafted token of its last lookup?
         self.extend(tokens)
 
     def extend(self, tokens: list[int]) -> None:
@@ -61,19 +63,23 @@ class NGramDrafter:
         self.rows = [SuffixIndex(ids[ok].tolist(), self.max_ngram) for ids, ok in zip(input_ids, valid)]
 
     def next_source(self) -> str:
-        return "ngram"
+        """"ngram", or ONE_TOKEN_MATCH when no row's context repeats more than its last token: the
+        γ controller keeps α per source, and a lookup from a one-token match (a common word, a
+        newline) is kept far less often than one from a longer match."""
+        return "ngram" if self.match_length() >= 2 else ONE_TOKEN_MATCH
 
     def match_length(self) -> int:
         """The longest match any row has now: how much the context supports a lookup."""
         return max(row.lookup(self.min_ngram, self.rule)[0] for row in self.rows)
 
     def lookup(self, row: SuffixIndex, gamma: int) -> list[int]:
-        """The tokens that followed the chosen earlier match of the row's longest suffix: at
-        most γ, and at most 2n for a match of n tokens, doubled after a lookup the row kept whole
-        (a long match, or one that has just held up, is worth a longer draft)."""
-        n, end = row.lookup(self.min_ngram, self.rule)
-        length = min(gamma, 2 * n * (2 if row.kept_all else 1))
-        return [] if end is None else row.tokens[end + 1: end + 1 + length]
+        """The tokens that followed the chosen earlier match of the row's longest suffix, at most
+        γ: how far to trust a match is the γ controller's call (α per source, "ngram" or
+        ONE_TOKEN_MATCH, against the target's pass times; on a CPU a 5-token pass can cost less
+        than a 3-token one, so a length rule of the drafter's own, such as 2n for a match of n,
+        priced rounds it could not see)."""
+        _, end = row.lookup(self.min_ngram, self.rule)
+        return [] if end is None else row.tokens[end + 1: end + 1 + gamma]
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
@@ -85,9 +91,6 @@ class NGramDrafter:
         return Proposal(self.drafts, None, self.lengths)
 
     def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        for row, length, n in zip(self.rows, self.lengths, num_accepted.tolist()):
-            if length:
-                row.kept_all = n >= length
         self.observe(self.drafts, num_accepted, next_tokens)
 
     def observe(self, drafts: torch.Tensor, num_accepted: torch.Tensor,
