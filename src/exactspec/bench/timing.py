@@ -85,7 +85,7 @@ def measure_timings(target, drafts: dict, context_ids: torch.Tensor, max_gamma: 
         elif is_llamacpp_spec(spec):
             log(f"timing the draft {spec} ...")
             seconds = time_llamacpp_draft(draft, target, context_ids, 4)
-            how = "one proposal (γ = 4: 4 one-token decodes and draws) / 4"
+            how = "one proposal after a round that kept its drafts (γ = 4: 4 decodes and draws) / 4"
         else:
             log(f"timing the draft {spec} ...")
             seconds, how = time_forward(draft, context_ids, [1])[1], "forward pass, 1 token"
@@ -96,17 +96,19 @@ def measure_timings(target, drafts: dict, context_ids: torch.Tensor, max_gamma: 
 def time_llamacpp_draft(drafter, target, context_ids: torch.Tensor, gamma: int, *,
                         repeats: int = 20, warmup: int = 3) -> float:
     """Median seconds per drafted token of a llama.cpp drafter after `context_ids` [1, L]:
-    rounds of `propose(γ)` through the drafter contract, each followed by a commit that rejects
-    every draft (so each round feeds one committed token, then γ − 1 drafts), divided by γ."""
+    rounds of `propose(γ)` through the drafter contract, each followed by a commit that keeps
+    every draft, as most rounds do at this draft's α (so each round feeds the last draft and the
+    bonus token in one decode, then γ − 1 drafts), divided by γ."""
     from exactspec.sampling import SamplingConfig
 
+    rounds = warmup + repeats
     drafter.start(context_ids, torch.ones_like(context_ids, dtype=torch.bool),
-                  drafter.bind(target, context_ids.size(1) + warmup + repeats + gamma))
+                  drafter.bind(target, context_ids.size(1) + rounds * (gamma + 1)))
     sampling, times = SamplingConfig(temperature=1.0), []
     next_token = context_ids[0, -1:]  # [1], any real token id will do
-    for _ in range(warmup + repeats):
+    for _ in range(rounds):
         start = time.perf_counter()
         drafter.propose(gamma, sampling, None)
         times.append(time.perf_counter() - start)
-        drafter.commit(torch.zeros(1, dtype=torch.long), next_token)
+        drafter.commit(torch.tensor([gamma]), next_token)
     return statistics.median(times[warmup:]) / gamma

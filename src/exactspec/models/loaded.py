@@ -95,6 +95,7 @@ def vocabulary(tokenizer) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(tokenizer.get_vocab().items()))
 
 
+@functools.lru_cache(maxsize=16)
 def tokenizer_size(tokenizer) -> int:
     return max((i for _, i in vocabulary(tokenizer)), default=-1) + 1
 

@@ -58,10 +58,17 @@ def check_token_list(target, tokens: list[str], draft_name: str) -> int:
     t_name = _describe(target, "target")
     if t_tok is None:
         raise ValueError(f"{t_name} has no tokenizer to compare with the {draft_name}'s token list")
-    if vocabulary(t_tok) != _sorted_token_list(tokens):
+    if not _same_tokens(t_tok, tuple(tokens)):
         t_vocab, d_vocab = dict(vocabulary(t_tok)), {token: i for i, token in enumerate(tokens)}
         raise ValueError(_vocab_difference(t_vocab, d_vocab, t_name, draft_name))
     return tokenizer_size(t_tok)
+
+
+@functools.lru_cache(maxsize=4)
+def _same_tokens(tokenizer, tokens: tuple[str, ...]) -> bool:
+    """Whether a tokenizer's map is the token list's; memoized (each generation checks it, and
+    comparing 49k pairs takes tens of ms)."""
+    return vocabulary(tokenizer) == _sorted_token_list(tokens)
 
 
 @functools.lru_cache(maxsize=4)
