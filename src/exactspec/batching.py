@@ -21,7 +21,6 @@ import torch
 
 from exactspec.cache import CachedModel
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
-from exactspec.drafters.base import drafter_lag
 from exactspec.sampling import RowSampling, SamplingConfig, check_sampling_args
 from exactspec.verify import VERIFY_RULES, BlockResult, verify_block, verify_rows
 
@@ -277,11 +276,9 @@ class AutoGamma:
         drafter, per_row = decoder.drafter, decoder.per_row
         source = drafter.next_source()
         controller = self.controller(decoder)
-        rows = decoder.rows.active.numel()
-        key = (source, rows)
-        gamma = controller.choose(source, rows=rows, lag=drafter_lag(drafter),
-                                  tokens_left=decoder.rows.budget_left()) if any(
-            row.gamma == AUTO for row in per_row.settings) else 0
+        key = (source, decoder.rows.active.numel())
+        auto = any(row.gamma == AUTO for row in per_row.settings)
+        gamma = controller.choose(source, **decoder.situation()) if auto else 0
         plain = controller.target_seconds(1) if gamma and 1 in controller.target else None
         if plain and self.payoff.get(key, 1.0) < 1 and (
                 self.since_drafting.get(key, 0.0) * PROBE_SHARE < self.extra_cost.get(key, 0.0)):

@@ -355,6 +355,12 @@ class Decoder(ContinuousBatching):
             self.lm.select(going)
             self.drafter.select(going)
 
+    def situation(self) -> dict:
+        """What a `GammaController` weighs besides past rounds: the rows in the batch, the tokens
+        the draft must catch up on (its lag) and the most tokens any row may still generate."""
+        return dict(rows=self.rows.active.numel(), lag=drafter_lag(self.drafter),
+                    tokens_left=self.rows.budget_left())
+
     def output(self) -> GenerateOutput:
         return _output(self.ids, self.valid, self.rows, self.lm, self.drafter, self.rounds,
                        self.clock.read())
@@ -394,9 +400,7 @@ def _choose(controller, source: str, decoder: Decoder) -> tuple[int, int]:
     decide for every rank). A `GammaController` also weighs the batch size, the draft's lag and
     the tokens left; any controller with `choose(source)` will do."""
     if isinstance(controller, GammaController):
-        lag = drafter_lag(decoder.drafter)
-        chosen = controller.choose(source, rows=decoder.rows.active.numel(), lag=lag,
-                                   tokens_left=decoder.rows.budget_left())
+        chosen = controller.choose(source, **decoder.situation())
         shortest = controller.min_drafts(source, chosen)
     else:
         chosen = controller.choose(source)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from exactspec.drafters.base import Proposal
+from exactspec.drafters.base import Proposal, drafter_lag
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.sampling import SamplingConfig
@@ -36,7 +36,7 @@ class AutoDrafter:
 
     def lag(self) -> int:
         """The model draft's catch-up if it drafts the next round (prompt lookup has none)."""
-        return self.model.lag() if self.next_source() == "model" and hasattr(self.model, "lag") else 0
+        return drafter_lag(self.model) if self.next_source() == "model" else 0
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         self.model.start(input_ids, valid, vocab_size)
@@ -46,8 +46,8 @@ class AutoDrafter:
         """The lookup's source ("ngram", ...) or "model", decided from the committed tokens; kept
         until the round commits."""
         if self.source is None:
-            lookup = self.lookup.match_length() >= self.min_match
-            self.source = self.lookup.next_source() if lookup else "model"
+            match = self.lookup.match_length()
+            self.source = self.lookup.source(match) if match >= self.min_match else "model"
         return self.source
 
     def propose(self, gamma: int, sampling: SamplingConfig,

@@ -63,10 +63,14 @@ class NGramDrafter:
         self.rows = [SuffixIndex(ids[ok].tolist(), self.max_ngram) for ids, ok in zip(input_ids, valid)]
 
     def next_source(self) -> str:
-        """"ngram", or ONE_TOKEN_MATCH when no row's context repeats more than its last token: the
+        return self.source(self.match_length())
+
+    @staticmethod
+    def source(match: int) -> str:
+        """"ngram", or ONE_TOKEN_MATCH when the longest match (`match_length`) is one token: the
         γ controller keeps α per source, and a lookup from a one-token match (a common word, a
         newline) is kept far less often than one from a longer match."""
-        return "ngram" if self.match_length() >= 2 else ONE_TOKEN_MATCH
+        return "ngram" if match >= 2 else ONE_TOKEN_MATCH
 
     def match_length(self) -> int:
         """The longest match any row has now: how much the context supports a lookup."""
