@@ -131,13 +131,13 @@ class LlamaCppDrafter:
         self.pending = [[] for _ in range(batch)]
         drafts, qs = torch.empty(batch, gamma, dtype=torch.long), []  # [B, γ], filled as drawn
         for i in range(gamma):
-            q_i = sampling.probs(logits, drafts=drafts[:, :i])  # [B, V], after the drafts so far
-            drafts[:, i] = sample(q_i, generator)  # [B]
+            q_i = sampling.probs(logits, drafts=drafts[:, :i]).to(self.device)  # [B, V], after drafts so far
+            drafts[:, i] = sample(q_i, generator).cpu()  # [B]
             qs.append(q_i)
             if i + 1 < gamma:  # the last draft is fed next round, if it is kept
                 logits = self._feed([[token] for token in drafts[:, i].tolist()])  # [B, V]
         self.drafts = drafts  # [B, γ]
-        return Proposal(drafts.to(self.device), torch.stack(qs, dim=1).to(self.device))  # [B, γ], [B, γ, V]
+        return Proposal(drafts.to(self.device), torch.stack(qs, dim=1))  # [B, γ], [B, γ, V]
 
     def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Row b kept its first a = num_accepted[b] drafts: of the γ − 1 fed ones, those past a
