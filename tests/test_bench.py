@@ -288,6 +288,26 @@ def test_no_peers_and_one_verify(tiny_loaded_pair):
     assert curve["alpha_from"] == "block"  # no token-rule rows: α from the block rule's
 
 
+def test_seeds_run_each_prompt_with_more_texts(tiny_loaded_pair):
+    """--seeds N: every configuration runs each prompt with N seeds (seed + i + P·j), a row
+    totals them, and a greedy row still matches plain decoding run for run."""
+    target, _ = tiny_loaded_pair
+    config = tiny_config(peers=False, verify=["token"], temperatures=[0.0, 0.9], gammas=[2],
+                         drafts=["ngram"], repeats=1, warmup=0, seed=5, seeds=3)
+    assert config.jobs()[:3] == [(0, 5), (1, 6), (0, 7)]  # two prompts
+    assert len(config.jobs()) == 3 * len(config.prompts)
+    result = run_benchmark(config, models={"tiny-target": target}, timings=FAKE_TIMINGS, log=None)
+    one = run_benchmark(tiny_config(**{**config.__dict__, "seeds": 1}),
+                        models={"tiny-target": target}, timings=FAKE_TIMINGS, log=None)
+    for row, single in zip(result["rows"], one["rows"]):
+        assert row["n_prompts"] == single["n_prompts"]
+        assert row["output_tokens"] == 3 * single["output_tokens"]
+        if row["temperature"] == 0:
+            assert row["matches_autoregressive"] is True
+    with pytest.raises(ValueError, match=r"^seeds must be an integer >= 1, got 0"):
+        tiny_config(seeds=0).check()
+
+
 def test_measure_timings_on_tiny_models(tiny_loaded_pair):
     import torch
 
@@ -349,6 +369,8 @@ def test_load_prompts(tmp_path):
     (["--repeats", "0"], r"--repeats must be a positive integer, got 0"),
     (["--max-new-tokens", "ten"], r"--max-new-tokens must be a positive integer"),
     (["--top-p", "1.5"], r"--top-p must be a number in \(0, 1\], got 1.5"),
+    (["--seeds", "0"], r"--seeds must be a positive integer, got 0"),
+    (["--seeds", "2", "--batch-sizes", "2"], r"--seeds is for the per-prompt benchmark"),
 ])
 def test_bad_options_one_line_error(argv, message, capsys):
     assert main(["bench", *argv]) == 2

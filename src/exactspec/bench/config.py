@@ -170,6 +170,7 @@ class BenchConfig:
     warmup: int = DEFAULT_WARMUP
     peers: bool = True
     seed: int = DEFAULT_SEED
+    seeds: int = 1  # seeds per prompt: at T > 0 each seed samples another text
     top_k: int | None = None
     top_p: float | None = None
     device: str | None = None
@@ -192,7 +193,7 @@ class BenchConfig:
             raise ValueError("prompts is empty")
         for name, value, low in (("max_new_tokens", self.max_new_tokens, 1),
                                  ("repeats", self.repeats, 1), ("warmup", self.warmup, 0),
-                                 ("seed", self.seed, 0)):
+                                 ("seed", self.seed, 0), ("seeds", self.seeds, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value}")
         if self.top_k is not None and self.top_k < 1:
@@ -200,6 +201,12 @@ class BenchConfig:
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         return self
+
+    def jobs(self) -> list[tuple[int, int]]:
+        """(prompt index, seed) of each generation in a pass: prompt i with seeds seed + i,
+        seed + i + P, ... (P prompts), `seeds` of them; every configuration runs the same jobs."""
+        n = len(self.prompts)
+        return [(i, self.seed + i + n * j) for j in range(self.seeds) for i in range(n)]
 
     def to_dict(self) -> dict:
         out = asdict(self)

@@ -70,7 +70,7 @@ def summarize(spec: RunSpec, kind: str, runs: list[list[RunResult]], config: Ben
     tps = _median(rates)
     row = {
         "method": spec.method, "draft": spec.draft, "gamma": spec.gamma, "verify": spec.verify,
-        "temperature": spec.temperature, "prompts": kind, "n_prompts": len(runs[0]),
+        "temperature": spec.temperature, "prompts": kind, "n_prompts": len(runs[0]) // config.seeds,
         "output_tokens": tokens[0], "wall_seconds": _median(walls), "tokens_per_s": tps,
         "tokens_per_s_min": min(rates) if rates else None,
         "tokens_per_s_max": max(rates) if rates else None,

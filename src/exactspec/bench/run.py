@@ -7,7 +7,9 @@ accepted drafts separately from output tokens):
 - the warm-up pass runs every configuration ``warmup`` times, untimed; then ``repeats`` timed
   passes each run every configuration on every prompt. Configurations are interleaved inside a
   pass, so noise from other work on the machine spreads over all of them alike;
-- prompt i is always run with seed ``seed + i``: all runs of a configuration use the same seeds;
+- prompt i is always run with seed ``seed + i`` (and with ``--seeds N``, also ``seed + i + P``, ...,
+  P prompts: at T > 0 a speedup depends on the text sampled, and one seed is one text): all runs
+  of a configuration use the same seeds;
 - one generation is measured as `exactspec.bench.runners` says; rows and the measured cost model
   are made as `exactspec.bench.report` says.
 """
@@ -110,11 +112,11 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
 
     # timed passes, configurations interleaved: results[spec][pass][prompt]
     results: dict[RunSpec, list[list[RunResult]]] = {spec: [] for spec in specs}
+    jobs = config.jobs()
     for rep in range(config.repeats):
         pass_start = time.perf_counter()
         for n, spec in enumerate(specs, start=1):
-            runs = [runner.run(spec, ids, config.seed + i, config.max_new_tokens)
-                    for i, ids in enumerate(prompt_ids)]
+            runs = [runner.run(spec, prompt_ids[i], seed, config.max_new_tokens) for i, seed in jobs]
             results[spec].append(runs)
             tokens, wall = sum(len(r.tokens) for r in runs), sum(r.wall_seconds for r in runs)
             log(f"[pass {rep + 1}/{config.repeats}, {n}/{len(specs)}] {spec.label}: "
@@ -124,7 +126,7 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
     rows = []
     for spec in specs:
         for kind in kinds:
-            index = [i for i, p in enumerate(config.prompts) if p.kind == kind]
+            index = [n for n, (i, _) in enumerate(jobs) if config.prompts[i].kind == kind]
             runs = [[pass_[i] for i in index] for pass_ in results[spec]]
             row = summarize(spec, kind, runs, config, runner.peer_settings(spec))
             if spec.temperature == 0:

@@ -3,8 +3,8 @@ Transformers' own (assisted) generation, with the cost model made from measureme
 
     exactspec bench [--target NAME] [--draft NAME|ngram|auto[:NAME] ...] [--gammas 4,auto]
                     [--prompts FILE] [--max-new-tokens 32] [--temperature 0 0.8] [--repeats 3]
-                    [--warmup 1] [--peers/--no-peers] [--verify block,token] [--json OUT]
-                    [--plot OUT.png]
+                    [--warmup 1] [--seed 0] [--seeds 1] [--peers/--no-peers] [--verify block,token]
+                    [--json OUT] [--plot OUT.png]
     exactspec bench --batch-sizes 1,4,8 [same options]   batch throughput instead
 
 Progress goes to stderr, the tables to stdout. Options are checked before any model loads, so
@@ -60,6 +60,9 @@ def register(subparsers) -> None:
                    help="verification rules for speculative rows (default: %(default)s)")
     p.add_argument("--seed", default=str(bench.DEFAULT_SEED),
                    help="prompt i uses seed + i in every run (default: %(default)s)")
+    p.add_argument("--seeds", default="1", metavar="N",
+                   help="run each prompt with N seeds per pass (seed + i, seed + i + P, ...; P "
+                        "prompts): at T > 0 each seed samples another text (default: %(default)s)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cuda when present")
     p.add_argument("--threads", default=None, help="torch CPU threads (default: torch's own)")
@@ -116,6 +119,7 @@ def config_from_args(args):
         max_new_tokens=parse_int("--max-new-tokens", args.max_new_tokens, 1),
         repeats=parse_int("--repeats", args.repeats, 1), warmup=parse_int("--warmup", args.warmup, 0),
         peers=args.peers, seed=parse_int("--seed", args.seed, 0),
+        seeds=parse_int("--seeds", args.seeds, 1),
         top_k=None if args.top_k is None else parse_int("--top-k", args.top_k, 1),
         top_p=None if args.top_p is None else parse_float("--top-p", args.top_p, 0.0, 1.0, low_open=True),
         device=args.device,
@@ -204,7 +208,8 @@ def print_result(result: dict) -> None:
     for temperature, kind in groups:
         rows = [_display_row(r) for r in result["rows"]
                 if (r["temperature"], r["prompts"]) == (temperature, kind)]
-        print(f"\nT = {temperature:g}, {kind} prompts ({rows[0]['n_prompts']} prompts, "
+        seeds = f" × {config['seeds']} seeds" if config.get("seeds", 1) > 1 else ""
+        print(f"\nT = {temperature:g}, {kind} prompts ({rows[0]['n_prompts']} prompts{seeds}, "
               f"{rows[0]['output_tokens']} tokens per pass)")
         print_table(rows, RUN_COLUMNS)
     if result.get("summary"):
@@ -253,6 +258,9 @@ def run_batch_bench(args, config) -> int:
     from exactspec.bench.run import log_to_stderr
 
     sizes = parse_batch_sizes(args.batch_sizes)
+    if config.seeds != 1:
+        raise CliError(f"--seeds is for the per-prompt benchmark; --batch-sizes runs each batch "
+                       f"with one seed, got --seeds {config.seeds}")
     json_path = output_path("--json", args.json)
     result = run_batch_benchmark(config, sizes, log=(lambda _m: None) if args.quiet
                                  else log_to_stderr)
