@@ -263,6 +263,43 @@ def test_a_lockstep_batch_counts_each_round_as_its_least_kept_row():
     assert (served.acceptance["ngram"].accepted, served.acceptance["ngram"].rejected) == (7, 2)
 
 
+def test_the_auto_draft_reads_the_first_token_before_the_models_catch_up(tiny_pair):
+    """With no lookup match and the prompt still to read into its model, the auto draft's first
+    round is source "none", which the γ controller makes a plain step; at a fixed γ its model
+    drafts that round (as it would alone or in a batch). Later rounds are the model's again."""
+    from exactspec.engine import Decoder
+    from exactspec.sampling import SamplingConfig
+
+    target, draft = tiny_pair
+    prompt = torch.tensor([[5, 6, 7, 8]])  # no token repeats: no lookup match
+    drafter = AutoDrafter(ModelDrafter(draft))
+    decoder = Decoder(target, drafter, prompt, None, max_new_tokens=6, sampling=SamplingConfig(0.0),
+                      seed=0, eos_token_id=[], verify="token", on_tokens=None)
+    assert drafter.next_source() == "none" and GammaController().choose("none") == 0
+    assert decoder.step(2).drafted == 2 and drafter.calls > 0  # a fixed γ: the model drafted
+    assert drafter.next_source() != "none"
+    out = es.speculative_generate(target, drafter, prompt, gamma="auto", max_new_tokens=6,
+                                  temperature=0, seed=0, eos_token_id=[])
+    assert out.rounds_by_source.get("plain", 0) >= 1 and "none" not in out.rounds_by_source
+
+
+def test_prompt_lookup_alpha_comes_from_its_scores_of_itself():
+    """A source that scores itself (`observe_evidence`) takes α from its hits and misses at every
+    committed position, and no longer from the rounds' counts (the same positions); in lockstep
+    the row with the lowest hit rate counts."""
+    controller = GammaController()
+    controller.observe_evidence({"ngram": [(9, 1), (0, 0)], "ngram-1": [(0, 0), (0, 0)]})
+    controller.observe("ngram", 4, torch.tensor([0, 0]), 5, 0.0001, 0.060)  # not counted again
+    stats = controller.acceptance["ngram"]
+    assert (stats.accepted, stats.rejected) == (9, 1) and stats.alpha() > 0.8
+    assert controller.past["ngram"] == [9, 1]
+    controller.observe("model", 4, torch.tensor([0, 0]), 5, 0.001, 0.060)  # counted: no evidence
+    assert controller.acceptance["model"].rejected == 2
+    batch = GammaController(lockstep=True)
+    batch.observe_evidence({"ngram": [(9, 1), (1, 3), (0, 0)]})
+    assert (batch.acceptance["ngram"].accepted, batch.acceptance["ngram"].rejected) == (1, 3)
+
+
 def test_plain_steps_count_towards_a_probe_across_generations():
     """Generations shorter than the probe schedule still probe: the plain steps since the last
     probe are kept for the process, like the timings (here 4 split 2 + 2 over two generations)."""

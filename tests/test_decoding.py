@@ -221,6 +221,26 @@ def test_a_one_token_match_is_a_source_of_its_own():
     assert drafter.next_source() == "ngram"
 
 
+def test_prompt_lookup_scores_itself_against_each_committed_token():
+    """Before each committed token (drafted or not), the token the lookup would have proposed
+    there is compared with it, per source and row; the prompt itself is not scored."""
+    from exactspec.drafters.ngram import ONE_TOKEN_MATCH
+
+    drafter = NGramDrafter()
+    drafter.start(torch.tensor([[1, 2, 3, 1, 2], [7, 8, 9, 9, 9]]), torch.ones(2, 5, dtype=torch.bool), 10)
+    assert drafter.evidence() == {"ngram": [(0, 0), (0, 0)], ONE_TOKEN_MATCH: [(0, 0), (0, 0)]}
+    # row 0 commits 3 ([1, 2] matched: 3 proposed, a hit), then 4 ([1, 2, 3] matched: 1, a miss);
+    # row 1 commits 8 ([9, 9] matched: 9, a miss)
+    drafter.observe(torch.tensor([[3, 0], [5, 0]]), torch.tensor([1, 0]), torch.tensor([4, 8]))
+    assert drafter.evidence() == {"ngram": [(1, 1), (0, 1)], ONE_TOKEN_MATCH: [(0, 0), (0, 0)]}
+    drafter.observe(torch.tensor([[0], [0]]), torch.tensor([0, 0]), torch.tensor([5, 9]))
+    # row 0: [4] never occurred before, no lookup; row 1: [8] matched once: 9 proposed, a hit
+    assert drafter.evidence() == {"ngram": [(0, 0), (0, 0)], ONE_TOKEN_MATCH: [(0, 0), (1, 0)]}
+    drafter.select(torch.tensor([1]))
+    drafter.observe(torch.tensor([[0]]), torch.tensor([0]), torch.tensor([9]))
+    assert drafter.evidence() == {"ngram": [(1, 0)], ONE_TOKEN_MATCH: [(0, 0)]}
+
+
 def test_suffix_index_matches_brute_force_as_it_grows():
     """Built token by token, the index finds the same longest earlier match as a scan of the
     whole context, for both rules."""

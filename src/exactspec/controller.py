@@ -10,7 +10,8 @@ The controller keeps, from rounds already run (the past-only rule, so the output
   feeds the tokens it missed before drafting, so it drafts only if what drafting saves over the
   tokens left to generate pays for that;
 - α per source: kept drafts / (kept drafts + rejections) in this generation, the geometric
-  model's estimate, starting from a uniform prior.
+  model's estimate, starting from a uniform prior; for prompt lookup, which can score itself
+  against every committed token (`NGramDrafter.evidence`), hits / (hits + misses) instead.
 
 Timings are noisy upward only (a busy machine, a first call's one-time set-up, a draft model
 catching up on a long prompt), so each estimate is the smallest of its last few samples, a
@@ -92,6 +93,7 @@ class GammaController:
     probes: dict[str, list[int]] = field(default_factory=dict)  # source → [plain steps, probe after]
     rows: int = 1  # the batch size of the round being chosen (set by `choose`)
     lockstep: bool = False  # a fixed batch, done when its slowest row is: see `observe`
+    scored: set[str] = field(default_factory=set)  # sources whose α is `observe_evidence`'s
 
     @classmethod
     def shared(cls, target_key, drafter_key) -> GammaController:
@@ -152,9 +154,25 @@ class GammaController:
             kept, per_row = [kept[least]], [per_row[least]]
         if draft_seconds is not None:
             _record(self.draft, source, draft_seconds / (draft_calls or width))
+        if source not in self.scored:
+            self._count(source, sum(min(tau, n) for tau, n in zip(kept, per_row)),
+                        sum(1 for tau, n in zip(kept, per_row) if tau < n or n == 0))
+
+    def observe_evidence(self, evidence: dict[str, list[tuple[int, int]]]) -> None:
+        """α from a drafter that scores itself against the committed tokens (prompt lookup:
+        `NGramDrafter.evidence`, each row's hits and misses since the last round), at every
+        position rather than only at drafted ones; such a source's α then ignores the rounds'
+        own counts (the same positions, counted once). In `lockstep` the row with the lowest
+        hit rate counts, as the least-kept row does in `observe`."""
+        for source, rows in evidence.items():
+            self.scored.add(source)
+            rows = [(hits, misses) for hits, misses in rows if hits + misses]
+            if self.lockstep and rows:
+                rows = [min(rows, key=lambda row: row[0] / (row[0] + row[1]))]
+            self._count(source, sum(hits for hits, _ in rows), sum(misses for _, misses in rows))
+
+    def _count(self, source: str, accepted: int, rejected: int) -> None:
         stats, past = self._stats(source), self.past.setdefault(source, [0, 0])
-        accepted = sum(min(tau, n) for tau, n in zip(kept, per_row))
-        rejected = sum(1 for tau, n in zip(kept, per_row) if tau < n or n == 0)
         stats.accepted, stats.rejected = stats.accepted + accepted, stats.rejected + rejected
         past[0], past[1] = past[0] + accepted, past[1] + rejected
         if sum(past) > _PAST_WINDOW:
@@ -260,8 +278,11 @@ def _between(seen: dict[int, float], k: int) -> float:
 
 def observe_round(controller, source: str, report, drafted=None) -> None:
     """The controller learns from a finished round, `exactspec.engine.Round` (drafted: each row's
-    drafts, when rows differ), and a GammaController also from the draft's catch-up."""
+    drafts, when rows differ), and a GammaController also from the draft's catch-up and the
+    drafter's scores of itself."""
     draft_seconds, draft_calls = report.draft_cost()
+    if report.evidence and isinstance(controller, GammaController):
+        controller.observe_evidence(report.evidence)
     controller.observe(source, report.drafted if drafted is None else drafted, report.num_accepted,
                        report.target_tokens, draft_seconds, report.target_seconds, draft_calls)
     if report.catch_up[1] and isinstance(controller, GammaController):

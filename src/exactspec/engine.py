@@ -25,7 +25,7 @@ from exactspec.batching import DRAFT, ContinuousBatching, left_pad
 from exactspec.cache import CachedModel
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
 from exactspec.drafters import Drafter, Proposal, make_drafter
-from exactspec.drafters.base import drafter_lag
+from exactspec.drafters.base import drafter_evidence, drafter_lag
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.sampling import SamplingConfig
 from exactspec.verify import VERIFY_RULES, verify_block
@@ -260,6 +260,7 @@ class Round:
     draft_calls: int = 0  # forward passes of the draft's own model in this round
     catch_up: tuple[float, int] = (0.0, 0)  # of those: the seconds and passes of catching up
     lag: int = 0  # the tokens the draft had to catch up on (see `drafters.base.lag`)
+    evidence: dict = field(default_factory=dict)  # the drafter's scores of itself (`drafter_evidence`)
 
     def draft_cost(self) -> tuple[float | None, int]:
         """The draft's seconds and passes without its catch-up (a one-off cost after rounds it sat
@@ -325,6 +326,7 @@ class Decoder(ContinuousBatching):
         lm.discard_last(drafts.size(1) - tau)
         # 5. commit: the drafter learns what was kept; the rows record what was emitted
         drafter.commit(tau, self.last)
+        report.evidence = drafter_evidence(drafter)
         self.rounds += 1
         going = rows.record(result, self._drafted(proposal, drafts), lm.calls - calls_before[0],
                             drafter.calls - calls_before[1])
@@ -387,7 +389,8 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
         distributed.check_round(decoder.rows.new, decoder.rounds)
         if controller:
             observe_round(controller, source, report)
-        kind = source if report.drafted else "plain"
+        kind = ("model" if source == "none" else source) if report.drafted else "plain"  # "none":
+        # the auto draft's first round, drafted by its model at a fixed γ (`AutoDrafter`)
         by_source[kind] = by_source.get(kind, 0) + 1
     distributed.check_same(decoder.rows.new, "the end")  # tensor-parallel ranks agree
     out = decoder.output()

@@ -10,24 +10,33 @@ from exactspec.drafters.ngram import NGramDrafter
 from exactspec.sampling import SamplingConfig
 
 MIN_MATCH = 2  # a lookup needs a match of at least this many tokens to be worth a round
+MODEL_SOURCES = ("model", "none")  # the rounds the model proposes, if γ > 0
 
 
 class AutoDrafter:
     """Chooses, before each round and from the committed tokens only (the past-only rule), who
     drafts: `NGramDrafter` when some row's context repeats its last MIN_MATCH or more tokens,
     else the `ModelDrafter`. The one that sat a round out learns its tokens afterwards
-    (`observe`); the model's cache catches up lazily, when it next drafts."""
+    (`observe`); the model's cache catches up lazily, when it next drafts.
+
+    With the γ controller a generation's first round is a plain step unless the lookup already
+    matches, while the model has the prompt to catch up on (source "none", for which the
+    controller chooses γ = 0): the first token shows whether the output starts by quoting the
+    prompt, and then prompt lookup drafts and the model's prefill of the prompt is not paid for
+    nothing. Waiting costs at most one token's worth of drafting, since the catch-up costs the
+    same a round later. With a fixed γ the model drafts that round, as before any round without
+    a lookup match (a seeded request then samples the same text alone or in a batch)."""
 
     name = "auto"
 
     def __init__(self, model: ModelDrafter, lookup: NGramDrafter | None = None,
                  min_match: int = MIN_MATCH):
         self.model, self.lookup = model, lookup or NGramDrafter()
-        self.min_match, self.source = min_match, None
+        self.min_match, self.source, self.first = min_match, None, False
 
     calls = property(lambda self: self.model.calls)
-    catch_up = property(lambda self: getattr(self.model, "catch_up", (0.0, 0)) if self.source == "model"
-                        else (0.0, 0))
+    catch_up = property(lambda self: getattr(self.model, "catch_up", (0.0, 0))
+                        if self.source in MODEL_SOURCES else (0.0, 0))
     tokens_fed = property(lambda self: self.model.tokens_fed)
     padding_fed = property(lambda self: self.model.padding_fed)
 
@@ -41,25 +50,35 @@ class AutoDrafter:
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         self.model.start(input_ids, valid, vocab_size)
         self.lookup.start(input_ids, valid, vocab_size)
+        self.first = True
 
     def next_source(self) -> str:
-        """The lookup's source ("ngram", ...) or "model", decided from the committed tokens; kept
-        until the round commits."""
+        """The lookup's source ("ngram", ...), "model", or "none" (a plain step: the first round,
+        see the class docstring), decided from the committed tokens; kept until the round
+        commits."""
         if self.source is None:
             match = self.lookup.match_length()
-            self.source = self.lookup.source(match) if match >= self.min_match else "model"
+            if match >= self.min_match:
+                self.source = self.lookup.source(match)
+            else:
+                self.source = "none" if self.first and drafter_lag(self.model) else "model"
         return self.source
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        drafter = self.model if self.next_source() == "model" else self.lookup
+        drafter = self.model if self.next_source() in MODEL_SOURCES else self.lookup
         return drafter.propose(gamma, sampling, generator)
 
     def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        drafted, idle = (self.model, self.lookup) if self.source == "model" else (self.lookup, self.model)
+        drafted, idle = ((self.model, self.lookup) if self.source in MODEL_SOURCES
+                         else (self.lookup, self.model))
         drafted.commit(num_accepted, next_tokens)
         idle.observe(drafted.drafts, num_accepted, next_tokens)
-        self.source = None
+        self.source, self.first = None, False
+
+    def evidence(self) -> dict[str, list[tuple[int, int]]]:
+        """The lookup's scores of itself against the committed tokens (`NGramDrafter.evidence`)."""
+        return self.lookup.evidence()
 
     def select(self, rows: torch.Tensor) -> None:
         self.model.select(rows)

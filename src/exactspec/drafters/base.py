@@ -31,6 +31,12 @@ def drafter_lag(drafter) -> int:
     return drafter.lag() if hasattr(drafter, "lag") else 0
 
 
+def drafter_evidence(drafter) -> dict[str, list[tuple[int, int]]]:
+    """A drafter's `evidence()` (source → each row's hits and misses since the last call, from
+    committed tokens only), {} for drafters that do not score themselves."""
+    return drafter.evidence() if hasattr(drafter, "evidence") else {}
+
+
 @dataclass
 class Proposal:
     """tokens: LongTensor[B, γ'] with γ' ≤ γ; q: [B, γ', V] the distributions they were sampled

@@ -44,7 +44,14 @@ class NGramDrafter:
     "earliest" the first: on six grounded prompts both kept the same tokens per round, and
     "latest" wasted fewer drafts. Zero model cost; a point-mass draft (q = None),
     exact by the point-mass rule. A row with fewer than γ tokens to propose is padded by
-    repeating its last proposal (or last token): any deterministic proposal is exact."""
+    repeating its last proposal (or last token): any deterministic proposal is exact.
+
+    It also scores itself (`evidence`): before each token a row commits, the token its lookup
+    would have proposed there is compared with it. A point-mass draft x is kept with probability
+    p(x), and a committed token equals x with that same probability, so the hit rate estimates
+    the lookup's α at every committed position, drafted or not, from committed tokens alone."""
+
+    sources = ("ngram", ONE_TOKEN_MATCH)
 
     name = "ngram"
     calls = tokens_fed = padding_fed = 0
@@ -60,7 +67,8 @@ class NGramDrafter:
         return usable_vocab(target)  # it proposes tokens of the sequence itself
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
-        self.rows = [SuffixIndex(ids[ok].tolist(), self.max_ngram) for ids, ok in zip(input_ids, valid)]
+        self.rows, self.tallies = [], []
+        self.join(input_ids, valid)
 
     def next_source(self) -> str:
         return self.source(self.match_length())
@@ -99,14 +107,31 @@ class NGramDrafter:
 
     def observe(self, drafts: torch.Tensor, num_accepted: torch.Tensor,
                 next_tokens: torch.Tensor) -> None:
-        """Append what each row committed: its first num_accepted[b] drafts, then next_tokens[b]."""
-        for row, kept, n, nxt in zip(self.rows, drafts.tolist(), num_accepted.tolist(),
-                                     next_tokens.tolist()):
-            row.extend(kept[:n] + [nxt])
+        """Append what each row committed: its first num_accepted[b] drafts, then next_tokens[b],
+        each scored against the lookup made just before it (`evidence`)."""
+        for row, tally, kept, n, nxt in zip(self.rows, self.tallies, drafts.tolist(),
+                                            num_accepted.tolist(), next_tokens.tolist()):
+            for token in kept[:n] + [nxt]:
+                match, end = row.lookup(self.min_ngram, self.rule)
+                if end is not None:
+                    tally[self.source(match)][0 if row.tokens[end + 1] == token else 1] += 1
+                row.extend([token])
+
+    def evidence(self) -> dict[str, list[tuple[int, int]]]:
+        """source → each row's (hits, misses) of its lookups scored against the tokens committed
+        since the last call (see the class docstring); the tallies restart."""
+        out = {source: [tuple(tally[source]) for tally in self.tallies] for source in self.sources}
+        self.tallies = [self._tally() for _ in self.rows]
+        return out
+
+    def _tally(self) -> dict[str, list[int]]:
+        return {source: [0, 0] for source in self.sources}
 
     def select(self, rows: torch.Tensor) -> None:
         self.rows = [self.rows[i] for i in rows.tolist()]
+        self.tallies = [self.tallies[i] for i in rows.tolist()]
 
     def join(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
         """New rows (left-padded prompts [n, L]) join at a round boundary."""
         self.rows += [SuffixIndex(ids[ok].tolist(), self.max_ngram) for ids, ok in zip(input_ids, valid)]
+        self.tallies += [self._tally() for _ in range(input_ids.size(0))]
