@@ -295,6 +295,13 @@ def test_prompt_lookup_alpha_comes_from_its_scores_of_itself():
     assert controller.past["ngram"] == [9, 1]
     controller.observe("model", 4, torch.tensor([0, 0]), 5, 0.001, 0.060)  # counted: no evidence
     assert controller.acceptance["model"].rejected == 2
+    for source in ("ngram", "model"):  # a source scored at every token needs no probes
+        for _ in range(20):
+            controller.observe(source, 4, torch.tensor([0]), 5, 1e-5, 0.065)
+    controller.observe_evidence({"ngram": [(0, 300)]})  # α ≈ 0.03: plain steps pay
+    plain_steps(controller, 0.040)
+    assert [controller.choose("ngram") for _ in range(100)] == [0] * 100
+    assert any(controller.choose("model") for _ in range(100))  # probes after 4, 8, ... steps
     batch = GammaController(lockstep=True)
     batch.observe_evidence({"ngram": [(9, 1), (1, 3), (0, 0)]})
     assert (batch.acceptance["ngram"].accepted, batch.acceptance["ngram"].rejected) == (1, 3)

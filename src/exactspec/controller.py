@@ -26,8 +26,9 @@ with _PLAIN_SAMPLES plain steps (they cost nothing against plain decoding; fewer
 the smallest of fewer samples than the drafting rounds' T(k), biased towards drafting); before
 anything is known of a draft its first round drafts START_GAMMA tokens.
 
-When γ = 0 wins it still probes with the cheapest drafting round now and then, so a drop to
-γ = 0 is never permanent: after 4, 8, 16 and then every 32 plain steps while drafting could pay
+When γ = 0 wins it still probes with the cheapest drafting round now and then (but not for
+prompt lookup, whose α keeps coming from its scores of itself), so a drop to γ = 0 is never
+permanent: after 4, 8, 16 and then every 32 plain steps while drafting could pay
 at a better α, and every 64 while it could not pay even if every draft were kept (then only
 the timings can change the answer); plain steps count across generations, so short generations
 probe too. Timings are remembered for the process (`shared`), keyed by the target and the
@@ -201,6 +202,8 @@ class GammaController:
         if gamma > 0:
             probe[:] = [0, _FIRST_PROBE]
             return gamma
+        if source in self.scored:
+            return 0  # its α is scored at every committed token and it costs nothing: no probes
         probe[0] += 1
         could_pay = self.best_gamma(source, 1.0)
         if probe[0] < (probe[1] if could_pay else _REFRESH_PROBE):
