@@ -285,16 +285,16 @@ def test_the_auto_draft_reads_the_first_token_before_the_models_catch_up(tiny_pa
 
 def test_prompt_lookup_alpha_comes_from_its_scores_of_itself():
     """A source that scores itself (`observe_evidence`) takes α from its hits and misses at every
-    committed position, and no longer from the rounds' counts (the same positions); in lockstep
-    the row with the lowest hit rate counts."""
+    committed position, and no longer from one-row rounds' counts (the same positions), and it
+    is not probed; a batch's evidence is not used (its rounds count rows without a match)."""
     controller = GammaController()
-    controller.observe_evidence({"ngram": [(9, 1), (0, 0)], "ngram-1": [(0, 0), (0, 0)]})
-    controller.observe("ngram", 4, torch.tensor([0, 0]), 5, 0.0001, 0.060)  # not counted again
+    controller.observe_evidence({"ngram": [(9, 1)], "ngram-1": [(0, 0)]})
+    controller.observe("ngram", 4, torch.tensor([0]), 5, 0.0001, 0.060)  # not counted again
     stats = controller.acceptance["ngram"]
     assert (stats.accepted, stats.rejected) == (9, 1) and stats.alpha() > 0.8
     assert controller.past["ngram"] == [9, 1]
-    controller.observe("model", 4, torch.tensor([0, 0]), 5, 0.001, 0.060)  # counted: no evidence
-    assert controller.acceptance["model"].rejected == 2
+    controller.observe("model", 4, torch.tensor([0]), 5, 0.001, 0.060)  # counted: no evidence
+    assert controller.acceptance["model"].rejected == 1
     for source in ("ngram", "model"):  # a source scored at every token needs no probes
         for _ in range(20):
             controller.observe(source, 4, torch.tensor([0]), 5, 1e-5, 0.065)
@@ -302,9 +302,10 @@ def test_prompt_lookup_alpha_comes_from_its_scores_of_itself():
     plain_steps(controller, 0.040)
     assert [controller.choose("ngram") for _ in range(100)] == [0] * 100
     assert any(controller.choose("model") for _ in range(100))  # probes after 4, 8, ... steps
-    batch = GammaController(lockstep=True)
-    batch.observe_evidence({"ngram": [(9, 1), (1, 3), (0, 0)]})
-    assert (batch.acceptance["ngram"].accepted, batch.acceptance["ngram"].rejected) == (1, 3)
+    batch = GammaController()
+    batch.observe_evidence({"ngram": [(9, 1), (0, 0)]})
+    batch.observe("ngram", 4, torch.tensor([4, 0]), 5, 0.0001, 0.060)  # a row without a match
+    assert (batch.acceptance["ngram"].accepted, batch.acceptance["ngram"].rejected) == (4, 1)
 
 
 def test_plain_steps_count_towards_a_probe_across_generations():

@@ -10,8 +10,8 @@ The controller keeps, from rounds already run (the past-only rule, so the output
   feeds the tokens it missed before drafting, so it drafts only if what drafting saves over the
   tokens left to generate pays for that;
 - α per source: kept drafts / (kept drafts + rejections) in this generation, the geometric
-  model's estimate, starting from a uniform prior; for prompt lookup, which can score itself
-  against every committed token (`NGramDrafter.evidence`), hits / (hits + misses) instead.
+  model's estimate, starting from a uniform prior; for prompt lookup on one row, which can score
+  itself against every committed token (`NGramDrafter.evidence`), hits / (hits + misses) instead.
 
 Timings are noisy upward only (a busy machine, a first call's one-time set-up, a draft model
 catching up on a long prompt), so each estimate is the smallest of its last few samples, a
@@ -94,7 +94,7 @@ class GammaController:
     probes: dict[str, list[int]] = field(default_factory=dict)  # source → [plain steps, probe after]
     rows: int = 1  # the batch size of the round being chosen (set by `choose`)
     lockstep: bool = False  # a fixed batch, done when its slowest row is: see `observe`
-    scored: set[str] = field(default_factory=set)  # sources whose α is `observe_evidence`'s
+    scored: set[str] = field(default_factory=set)  # sources whose one-row α is `observe_evidence`'s
 
     @classmethod
     def shared(cls, target_key, drafter_key) -> GammaController:
@@ -155,22 +155,21 @@ class GammaController:
             kept, per_row = [kept[least]], [per_row[least]]
         if draft_seconds is not None:
             _record(self.draft, source, draft_seconds / (draft_calls or width))
-        if source not in self.scored:
+        if source not in self.scored or self.rows > 1:
             self._count(source, sum(min(tau, n) for tau, n in zip(kept, per_row)),
                         sum(1 for tau, n in zip(kept, per_row) if tau < n or n == 0))
 
     def observe_evidence(self, evidence: dict[str, list[tuple[int, int]]]) -> None:
         """α from a drafter that scores itself against the committed tokens (prompt lookup:
-        `NGramDrafter.evidence`, each row's hits and misses since the last round), at every
-        position rather than only at drafted ones; such a source's α then ignores the rounds'
-        own counts (the same positions, counted once). In `lockstep` the row with the lowest
-        hit rate counts, as the least-kept row does in `observe`."""
+        `NGramDrafter.evidence`, one row's hits and misses since the last round), at every
+        position rather than only at drafted ones; such a source's α then ignores one-row
+        rounds' own counts (the same positions, counted once). One row only: a hit rate is α
+        where the row has a match, and in a batch a round drafts for rows without one too (each
+        a rejection in `observe`), so batches keep counting rounds."""
         for source, rows in evidence.items():
-            self.scored.add(source)
-            rows = [(hits, misses) for hits, misses in rows if hits + misses]
-            if self.lockstep and rows:
-                rows = [min(rows, key=lambda row: row[0] / (row[0] + row[1]))]
-            self._count(source, sum(hits for hits, _ in rows), sum(misses for _, misses in rows))
+            if len(rows) == 1:
+                self.scored.add(source)
+                self._count(source, *rows[0])
 
     def _count(self, source: str, accepted: int, rejected: int) -> None:
         stats, past = self._stats(source), self.past.setdefault(source, [0, 0])
@@ -202,7 +201,7 @@ class GammaController:
         if gamma > 0:
             probe[:] = [0, _FIRST_PROBE]
             return gamma
-        if source in self.scored:
+        if source in self.scored and rows == 1:
             return 0  # its α is scored at every committed token and it costs nothing: no probes
         probe[0] += 1
         could_pay = self.best_gamma(source, 1.0)
