@@ -27,6 +27,7 @@ ROW_FIELDS = {
     "ms_per_round", "speedup_vs_autoregressive", "speedup_vs_hf_generate", "decode_tokens_per_s",
     "decode_speedup_vs_autoregressive",
     "matches_autoregressive", "peer_settings", "rounds_by_source", "mean_gamma",
+    "generation_tokens", "generation_seconds",
 }
 # fake cost-model inputs (seconds): target passes over 1..9 tokens, and each draft per token
 FAKE_TIMINGS = {
@@ -190,6 +191,37 @@ def test_summary_compares_lookup_and_gamma_auto(tiny_result):
                 for a in item["gamma_auto"]] == [
             (r["draft"], r["verify"], r["speedup_vs_autoregressive"]) for r in autos]
         assert len(autos) == 3 * 2  # three drafts, two rules
+        assert item["gamma_sweep"] == []  # one fixed γ: no sweep
+
+
+def test_gamma_sweep_compares_auto_with_the_best_fixed_gamma():
+    """γ = auto against the fastest fixed γ of the same draft and rule, with a paired bootstrap
+    interval over the generations: checked on rows made by hand, where the answer is known."""
+    from exactspec.bench.report import SWEEP_MIN_GENERATIONS, gamma_sweep
+
+    def row(gamma, seconds, draft="d", verify="token"):
+        n = len(seconds)
+        return {"method": "speculative", "draft": draft, "verify": verify, "gamma": gamma,
+                "tokens_per_s": 10 * n / sum(seconds), "mean_gamma": 3.0,
+                "generation_tokens": [10] * n, "generation_seconds": list(seconds)}
+
+    n = SWEEP_MIN_GENERATIONS
+    times = [1.0 + 0.1 * i for i in range(n)]  # generations differ a lot; γ = 4 is 10 % faster
+    group = [row(2, [2 * t for t in times]), row(4, [t / 1.1 for t in times]), row("auto", times),
+             row(4, times, draft="other"), row("auto", times, draft="other"),  # one fixed γ only
+             {"method": "autoregressive", "draft": None, "verify": None, "gamma": None,
+              "tokens_per_s": 1.0}]
+    (sweep,) = gamma_sweep(group)
+    assert (sweep["draft"], sweep["verify"], sweep["best_gamma"], sweep["generations"]) \
+        == ("d", "token", 4, n)
+    assert sweep["auto_over_best"] == pytest.approx(1 / 1.1)
+    assert sweep["interval"] == pytest.approx([1 / 1.1, 1 / 1.1])  # paired: the same every draw
+    noisy = [row(4, [t * (1.3 if i % 2 else 0.7) / 1.1 for i, t in enumerate(times)]),
+             row(2, [2 * t for t in times]), row("auto", times)]  # γ = 4 fast on half of them
+    low, high = gamma_sweep(noisy)[0]["interval"]
+    assert low < gamma_sweep(noisy)[0]["auto_over_best"] < high and high - low > 0.05
+    assert gamma_sweep([row(4, times[:3]), row(2, times[:3]), row("auto", times[:3])]
+                       )[0]["interval"] is None  # too few generations for an interval
 
 
 def test_plan_rows():

@@ -12,8 +12,9 @@ beside the measured speedup, and the γ it recommends. Rows with γ = "auto" or 
 have no single γ or draft cost: they stay in the rows and the summary, not in the curves.
 
 The summary (`build_summary`), per temperature and prompt kind: exactspec's best prompt-lookup
-row (n-gram or auto draft) against Transformers' best prompt-lookup row, and every γ = "auto"
-row against plain decoding.
+row (n-gram or auto draft) against Transformers' best prompt-lookup row, every γ = "auto"
+row against plain decoding, and against the best fixed γ of its draft and rule (`gamma_sweep`,
+with a bootstrap interval over the generations).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import platform
 import statistics
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from exactspec import costmodel
@@ -77,6 +79,10 @@ def summarize(spec: RunSpec, kind: str, runs: list[list[RunResult]], config: Ben
         "ms_per_token": 1e3 / tps if tps else None,
         "time_to_first_token": _median([r.time_to_first_token for p in runs for r in p]),
         "decode_tokens_per_s": _median([decode_rate(pass_) for pass_ in runs]),
+        # per generation (prompt and seed, in the order of `BenchConfig.jobs`): for `gamma_sweep`
+        "generation_tokens": [len(r.tokens) for r in runs[0]],
+        "generation_seconds": [_median([pass_[i].wall_seconds for pass_ in runs])
+                               for i in range(len(runs[0]))],
     }
     counters = ("accepted_drafts", "drafted_tokens", "corrections", "bonus_tokens", "rounds",
                 "target_calls", "draft_calls")
@@ -219,7 +225,8 @@ def build_summary(rows: list[dict]) -> list[dict]:
     """Per (temperature, prompt kind): `best_lookup`, exactspec's fastest speculative row with the
     n-gram or an auto draft; `best_hf_lookup`, the fastest hf_assisted prompt-lookup row;
     `lookup_over_hf_lookup`, the ratio of their tokens/s; `gamma_auto`, every speculative row
-    with γ = "auto" (its draft, rule, tokens/s, speedup over autoregressive and mean γ)."""
+    with γ = "auto" (its draft, rule, tokens/s, speedup over autoregressive and mean γ);
+    `gamma_sweep`, γ = "auto" against the best fixed γ (`gamma_sweep`)."""
     out = []
     for temperature, kind in dict.fromkeys((r["temperature"], r["prompts"]) for r in rows):
         group = [r for r in rows if (r["temperature"], r["prompts"]) == (temperature, kind)]
@@ -233,8 +240,55 @@ def build_summary(rows: list[dict]) -> list[dict]:
                                             peer and peer["tokens_per_s"]),
             "gamma_auto": [{**_brief(r), "mean_gamma": r["mean_gamma"]} for r in group
                            if r["method"] == "speculative" and r["gamma"] == AUTO],
+            "gamma_sweep": gamma_sweep(group),
         })
     return out
+
+
+SWEEP_RESAMPLES = 2000  # bootstrap resamples of the generations
+SWEEP_MIN_GENERATIONS = 10  # fewer have too few distinct resamples for an interval
+
+
+def gamma_sweep(group: list[dict]) -> list[dict]:
+    """Per (draft, rule) of one temperature and prompt kind with a γ = "auto" row and two or more
+    fixed-γ rows: the fastest fixed γ (`best_gamma`, its tokens/s), the auto row's tokens/s and
+    mean γ, `auto_over_best` (their ratio) and its 90 % `interval`: a bootstrap over the
+    generations (prompt and seed), the same ones drawn for both rows, each generation's seconds
+    the median over passes. At T > 0 each row samples its own texts, and what a text lets the
+    draft keep varies more than the timings do: the interval says whether the generations were
+    enough to tell the two apart (None with fewer than SWEEP_MIN_GENERATIONS)."""
+    out = []
+    for draft, verify in dict.fromkeys((r["draft"], r["verify"]) for r in group
+                                       if r["method"] == "speculative"):
+        rows = [r for r in group if r["method"] == "speculative"
+                and (r["draft"], r["verify"]) == (draft, verify)]
+        auto = next((r for r in rows if r["gamma"] == AUTO), None)
+        fixed = [r for r in rows if r["gamma"] != AUTO]
+        if auto is None or len(fixed) < 2:
+            continue
+        best = _fastest(fixed)
+        out.append({"draft": draft, "verify": verify, "best_gamma": best["gamma"],
+                    "best_tokens_per_s": best["tokens_per_s"],
+                    "auto_tokens_per_s": auto["tokens_per_s"], "auto_mean_gamma": auto["mean_gamma"],
+                    "auto_over_best": _ratio(auto["tokens_per_s"], best["tokens_per_s"]),
+                    "generations": len(auto["generation_seconds"]),
+                    "interval": _paired_interval(auto, best)})
+    return out
+
+
+def _paired_interval(row: dict, other: dict, level: float = 0.9) -> list[float] | None:
+    """The `level` bootstrap interval of row's tokens/s over other's, resampling generation
+    indices (the same for both: a prompt's generations pair up)."""
+    tokens = np.array([row["generation_tokens"], other["generation_tokens"]], dtype=float)  # [2, n]
+    seconds = np.array([row["generation_seconds"], other["generation_seconds"]])  # [2, n]
+    n = tokens.shape[1]
+    if n < SWEEP_MIN_GENERATIONS:
+        return None
+    picks = np.random.default_rng(0).integers(0, n, size=(SWEEP_RESAMPLES, n))  # [R, n]
+    rates = tokens[:, picks].sum(-1) / seconds[:, picks].sum(-1)  # [2, R]
+    ratios = rates[0] / rates[1]  # [R]
+    tail = (1 - level) / 2
+    return [float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))]
 
 
 # --------------------------------------------------------------------------- machine

@@ -177,7 +177,7 @@ def _named(row: dict) -> str:
 
 def print_summary(summary: list[dict]) -> None:
     """One line per (temperature, prompt kind): exactspec's best prompt lookup against
-    Transformers' best, and each γ = auto row against plain decoding."""
+    Transformers' best, each γ = auto row against plain decoding and against the best fixed γ."""
     print("\nSummary (tokens/s ratios):")
     for item in summary:
         parts = []
@@ -192,7 +192,18 @@ def print_summary(summary: list[dict]) -> None:
                  for a in item["gamma_auto"] if a["speedup_vs_autoregressive"] is not None]
         if autos:
             parts.append("γ=auto vs autoregressive: " + ", ".join(autos))
+        sweeps = [_sweep_text(s) for s in item.get("gamma_sweep", [])]
+        if sweeps:
+            parts.append("γ=auto vs best fixed γ: " + ", ".join(sweeps))
         print(f"  T = {item['temperature']:g}, {item['prompts']}: " + ("; ".join(parts) or "-"))
+
+
+def _sweep_text(sweep: dict) -> str:
+    interval = sweep["interval"]
+    spread = (f", 90% interval {interval[0]:.2f}-{interval[1]:.2f}" if interval else "")
+    ratio = sweep["auto_over_best"]
+    return (f"{sweep['draft']} {sweep['verify']} {'-' if ratio is None else f'{ratio:.2f}x'} "
+            f"(best γ={sweep['best_gamma']}{spread}, {sweep['generations']} generations)")
 
 
 def print_result(result: dict) -> None:
