@@ -308,6 +308,22 @@ def test_prompt_lookup_alpha_comes_from_its_scores_of_itself():
     assert (batch.acceptance["ngram"].accepted, batch.acceptance["ngram"].rejected) == (4, 1)
 
 
+def test_a_source_that_scores_itself_is_not_probed_in_a_later_generation_either():
+    """Which sources score themselves is kept for the process, like the timings: a later
+    generation's first rounds, before its first scores, do not probe prompt lookup (each such
+    probe was a failed block at the start of a generation; a source not scored still is)."""
+    key = object()
+    first = GammaController.shared(key, (key, "lookup"))
+    plain_steps(first, 0.040)
+    for _ in range(20):
+        first.observe("model", 4, torch.tensor([0]), 5, 1e-5, 0.065)
+        first.observe("ngram", 4, torch.tensor([0]), 5, 1e-5, 0.065)
+    first.observe_evidence({"ngram": [(0, 300)]})
+    later = GammaController.shared(key, (key, "lookup"))
+    assert [later.choose("ngram") for _ in range(100)] == [0] * 100
+    assert any(later.choose("model") for _ in range(100))
+
+
 def test_plain_steps_count_towards_a_probe_across_generations():
     """Generations shorter than the probe schedule still probe: the plain steps since the last
     probe are kept for the process, like the timings (here 4 split 2 + 2 over two generations)."""

@@ -59,6 +59,7 @@ _DRAFT_SECONDS: dict[object, dict[int, dict[str, list[float]]]] = {}
 _CATCH_UP_SECONDS: dict[object, dict[str, list[float]]] = {}
 _PAST_ACCEPTANCE: dict[object, dict[str, list[int]]] = {}
 _PROBES: dict[object, dict[str, list[int]]] = {}  # and [plain steps since a probe, next probe after]
+_SCORED: dict[object, set[str]] = {}  # and the sources that score themselves (`observe_evidence`)
 
 
 def _record(samples: dict, key, seconds: float) -> None:
@@ -99,12 +100,14 @@ class GammaController:
     @classmethod
     def shared(cls, target_key, drafter_key) -> GammaController:
         """A controller whose timings persist across generations with the same keys, and whose
-        α starts from the past generations' (see `_Acceptance`)."""
+        α starts from the past generations' (see `_Acceptance`); so does which sources score
+        themselves, so that a generation's first rounds do not probe them."""
         return cls(target_by_rows=_TARGET_SECONDS.setdefault(target_key, {}),
                    draft_by_rows=_DRAFT_SECONDS.setdefault(drafter_key, {}),
                    catch_up=_CATCH_UP_SECONDS.setdefault(drafter_key, {}),
                    past=_PAST_ACCEPTANCE.setdefault(drafter_key, {}),
-                   probes=_PROBES.setdefault(drafter_key, {}))
+                   probes=_PROBES.setdefault(drafter_key, {}),
+                   scored=_SCORED.setdefault(drafter_key, set()))
 
     @property
     def target(self) -> dict[int, list[float]]:
