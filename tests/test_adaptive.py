@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import exactspec as es
-from exactspec.controller import _PLAIN_SAMPLES, START_GAMMA, GammaController
+from exactspec.controller import _PLAIN_SAMPLES, MAX_GAMMA, START_GAMMA, GammaController
 from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter
 from conftest import ALPHA, chi_square_pvalue
 from test_decoding import NGRAM_PROMPT, PROMPTS, hf_greedy, ids, target_joint
@@ -191,6 +191,8 @@ def test_controller_drafts_long_blocks_when_drafts_are_free_and_kept():
     for _ in range(20):
         controller.observe("ngram", 8, torch.tensor([8]), 9, 0.0001, 0.090)
     assert controller.choose("ngram") >= 8
+    controller.observe("ngram", 32, torch.tensor([32]), 33, 0.0001, 0.114)  # 1.3x the time, 3.7x the tokens
+    assert controller.choose("ngram") == MAX_GAMMA  # the longest block anyone may ask for
 
 
 def test_a_slow_first_pass_does_not_stop_drafting_for_good():
