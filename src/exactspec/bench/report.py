@@ -277,18 +277,21 @@ def gamma_sweep(group: list[dict]) -> list[dict]:
 
 
 def _paired_interval(row: dict, other: dict, level: float = 0.9) -> list[float] | None:
-    """The `level` bootstrap interval of row's tokens/s over other's, resampling generation
-    indices (the same for both: a prompt's generations pair up)."""
-    tokens = np.array([row["generation_tokens"], other["generation_tokens"]], dtype=float)  # [2, n]
-    seconds = np.array([row["generation_seconds"], other["generation_seconds"]])  # [2, n]
-    n = tokens.shape[1]
-    if n < SWEEP_MIN_GENERATIONS:
+    """The `level` bootstrap interval (percentile) of row's tokens/s over other's, resampling
+    generation indices (paired: the same for both, so a prompt's generations pair up)."""
+    from scipy.stats import bootstrap  # scipy loads only when a sweep is summarized
+
+    def ratio(tokens, seconds, other_tokens, other_seconds, axis=-1):
+        return (tokens.sum(axis) / seconds.sum(axis)) / (other_tokens.sum(axis) / other_seconds.sum(axis))
+
+    data = [np.array(r[key], dtype=float) for r in (row, other)
+            for key in ("generation_tokens", "generation_seconds")]  # 4 × [n]
+    if data[0].size < SWEEP_MIN_GENERATIONS:
         return None
-    picks = np.random.default_rng(0).integers(0, n, size=(SWEEP_RESAMPLES, n))  # [R, n]
-    rates = tokens[:, picks].sum(-1) / seconds[:, picks].sum(-1)  # [2, R]
-    ratios = rates[0] / rates[1]  # [R]
-    tail = (1 - level) / 2
-    return [float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))]
+    interval = bootstrap(data, ratio, paired=True, vectorized=True, n_resamples=SWEEP_RESAMPLES,
+                         confidence_level=level, method="percentile",
+                         rng=np.random.default_rng(0)).confidence_interval
+    return [float(interval.low), float(interval.high)]
 
 
 # --------------------------------------------------------------------------- machine

@@ -192,7 +192,7 @@ def print_summary(summary: list[dict]) -> None:
                  for a in item["gamma_auto"] if a["speedup_vs_autoregressive"] is not None]
         if autos:
             parts.append("γ=auto vs autoregressive: " + ", ".join(autos))
-        sweeps = [_sweep_text(s) for s in item.get("gamma_sweep", [])]
+        sweeps = [_sweep_text(s) for s in item["gamma_sweep"]]
         if sweeps:
             parts.append("γ=auto vs best fixed γ: " + ", ".join(sweeps))
         print(f"  T = {item['temperature']:g}, {item['prompts']}: " + ("; ".join(parts) or "-"))
@@ -219,7 +219,7 @@ def print_result(result: dict) -> None:
     for temperature, kind in groups:
         rows = [_display_row(r) for r in result["rows"]
                 if (r["temperature"], r["prompts"]) == (temperature, kind)]
-        seeds = f" × {config['seeds']} seeds" if config.get("seeds", 1) > 1 else ""
+        seeds = f" × {config['seeds']} seeds" if config["seeds"] > 1 else ""
         print(f"\nT = {temperature:g}, {kind} prompts ({rows[0]['n_prompts']} prompts{seeds}, "
               f"{rows[0]['output_tokens']} tokens per pass)")
         print_table(rows, RUN_COLUMNS)
