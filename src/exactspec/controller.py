@@ -26,9 +26,10 @@ with _PLAIN_SAMPLES plain steps (they cost nothing against plain decoding; fewer
 the smallest of fewer samples than the drafting rounds' T(k), biased towards drafting); before
 anything is known of a draft its first round drafts START_GAMMA tokens.
 
-When γ = 0 wins it still probes with the cheapest drafting round now and then (but not for
-prompt lookup, whose α keeps coming from its scores of itself), so a drop to γ = 0 is never
-permanent: after 4, 8, 16 and then every 32 plain steps while drafting could pay
+When γ = 0 wins it still probes now and then (but not for prompt lookup, whose α keeps coming
+from its scores of itself), with the γ that would be best at an optimistic α (`probe_gamma`),
+doubled after each probe the draft kept whole, so a drop to γ = 0 is never permanent and a
+draft that pays only in long blocks gets them: after 4, 8, 16 and then every 32 plain steps while drafting could pay
 at a better α, and every 64 while it could not pay even if every draft were kept (then only
 the timings can change the answer); plain steps count across generations, so short generations
 probe too. Timings are remembered for the process (`shared`), keyed by the target and the
@@ -49,6 +50,7 @@ _RECENT = 8  # an estimate is the smallest of this many latest samples
 _PLAIN_SAMPLES = 3  # T(1) is timed this many times at a batch size before rounds are priced there
 _PRIOR_SLOPE = 0.05  # past the pass sizes seen, a token costs this share of the cheapest pass
 _FIRST_PROBE, _LAST_PROBE, _REFRESH_PROBE = 4, 32, 64
+_PROBE_QUANTILE = 0.9  # a probe's γ is the best at this quantile of α's posterior (probe_gamma)
 
 _PRIOR_DRAFTS = 2  # a generation's α starts from a prior worth this many drafts
 _PAST_WINDOW = 256  # past generations' drafts per source, after which older ones weigh half
@@ -59,7 +61,7 @@ _TARGET_SECONDS: dict[object, dict[int, dict[int, list[float]]]] = {}
 _DRAFT_SECONDS: dict[object, dict[int, dict[str, list[float]]]] = {}
 _CATCH_UP_SECONDS: dict[object, dict[str, list[float]]] = {}
 _PAST_ACCEPTANCE: dict[object, dict[str, list[int]]] = {}
-_PROBES: dict[object, dict[str, list[int]]] = {}  # and [plain steps since a probe, next probe after]
+_PROBES: dict[object, dict[str, list[int]]] = {}  # and `_Probe`s
 _SCORED: dict[object, set[str]] = {}  # and the sources that score themselves (`observe_evidence`)
 
 
@@ -67,6 +69,19 @@ def _record(samples: dict, key, seconds: float) -> None:
     recent = samples.setdefault(key, [])
     recent.append(seconds)
     del recent[:-_RECENT]
+
+
+@dataclass
+class _Probe:
+    """When a source probes next, and how long: `plain` steps since its last probe, the next one
+    `after` that many; `ladder`: twice the last probe's γ when the draft kept all of it (a
+    doubling search for the block length that shows what the draft is worth), else 0;
+    `pending`: the γ of a probe not yet observed."""
+
+    plain: int = 0
+    after: int = _FIRST_PROBE
+    ladder: int = 0
+    pending: int = 0
 
 
 @dataclass
@@ -93,7 +108,7 @@ class GammaController:
     catch_up: dict[str, list[float]] = field(default_factory=dict)  # source → seconds per token
     acceptance: dict[str, _Acceptance] = field(default_factory=dict)
     past: dict[str, list[int]] = field(default_factory=dict)  # source → [kept, rejected] before
-    probes: dict[str, list[int]] = field(default_factory=dict)  # source → [plain steps, probe after]
+    probes: dict[str, "_Probe"] = field(default_factory=dict)  # source → its probe schedule
     rows: int = 1  # the batch size of the round being chosen (set by `choose`)
     lockstep: bool = False  # a fixed batch, done when its slowest row is: see `observe`
     scored: set[str] = field(default_factory=set)  # sources whose one-row α is `observe_evidence`'s
@@ -159,6 +174,11 @@ class GammaController:
             kept, per_row = [kept[least]], [per_row[least]]
         if draft_seconds is not None:
             _record(self.draft, source, draft_seconds / (draft_calls or width))
+        probe = self.probes.get(source)
+        if probe is not None and probe.pending:  # the probe's outcome sets the ladder
+            whole = all(tau >= n for tau, n in zip(kept, per_row))
+            probe.ladder = 2 * probe.pending if whole else 0
+            probe.pending = 0
         if source not in self.scored or self.rows > 1:
             self._count(source, sum(min(tau, n) for tau, n in zip(kept, per_row)),
                         sum(1 for tau, n in zip(kept, per_row) if tau < n or n == 0))
@@ -201,24 +221,40 @@ class GammaController:
         gamma = self.best_gamma(source, stats.alpha())
         if gamma > 0 and not self.catch_up_pays(source, stats.alpha(), gamma, lag, tokens_left):
             return 0  # sitting out only adds to the lag: no probes either
-        probe = self.probes.setdefault(source, [0, _FIRST_PROBE])
+        probe = self.probes.setdefault(source, _Probe())
         if gamma > 0:
-            probe[:] = [0, _FIRST_PROBE]
+            probe.plain, probe.after, probe.ladder = 0, _FIRST_PROBE, 0
             return gamma
         if source in self.scored and rows == 1:
             return 0  # its α is scored at every committed token and it costs nothing: no probes
-        probe[0] += 1
+        probe.plain += 1
         could_pay = self.best_gamma(source, 1.0)
-        if probe[0] < (probe[1] if could_pay else _REFRESH_PROBE):
+        if probe.plain < (probe.after if could_pay else _REFRESH_PROBE):
             return 0
         if not self.catch_up_pays(source, 1.0, max(could_pay, 1), lag, tokens_left):
             return 0  # even if every draft were kept, catching up would cost more than it saves
-        probe[:] = [0, min(2 * probe[1], _LAST_PROBE)]
-        return self.probe_gamma(source)  # a probe keeps α and the draft's cost up to date
+        probe.plain, probe.after = 0, min(2 * probe.after, _LAST_PROBE)
+        probe.pending = min(max(self.probe_gamma(source), probe.ladder), self.max_gamma)
+        return probe.pending  # a probe keeps α and the draft's cost up to date
 
     def probe_gamma(self, source: str) -> int:
-        """The γ of the cheapest drafting round: on a CPU a pass of 2 tokens can cost more than
-        one of 5, so a probe of γ = 1 is not always the cheap one."""
+        """The γ of a probe: the best at an optimistic α, the _PROBE_QUANTILE quantile of α's
+        Beta posterior (the point estimate's kept and rejected counts with its prior), so that
+        where drafts are kept a probe is a block long enough to show it (a draft as dear as 0.4
+        of a target pass, kept 99 % of the time, pays only in blocks of 8 or more, and a prior
+        of 1/2 prices any block below a plain step); when even that α prices no drafting round
+        above a plain step, the cheapest drafting round (on a CPU a pass of 2 tokens can cost
+        more than one of 5, so a probe of γ = 1 is not always the cheap one). `choose` lengthens
+        it to the probe ladder (`_Probe`): after a probe kept whole, the next is twice as long."""
+        from scipy.special import betaincinv
+
+        stats = self._stats(source)
+        optimistic = float(betaincinv(stats.accepted + _PRIOR_DRAFTS * stats.prior,
+                                      stats.rejected + _PRIOR_DRAFTS * (1 - stats.prior),
+                                      _PROBE_QUANTILE))
+        gamma = self.best_gamma(source, optimistic)
+        if gamma > 0:
+            return gamma
         cost = self.draft_seconds(source)
         return min(range(1, self.max_gamma + 1), key=lambda g: g * cost + self.target_seconds(g + 1))
 

@@ -50,7 +50,7 @@ def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: lis
                      log: Callable[[str], None] = lambda _m: None) -> list[dict]:
     """One row per (batch size, temperature, method, draft, γ, verify): total output tokens/s and
     its ratio to plain decoding at the same batch size. drafts: as `run.load_models` makes them."""
-    prompt_ids = [encode_prompt(target, p.text) for p in config.prompts]
+    prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start) for p in config.prompts]
     rows = []
     for batch_size in batch_sizes:
         ids, mask = batch_inputs(prompt_ids, batch_size)

@@ -10,7 +10,14 @@ decoding methods compared:
 - ``hf_assisted``: ``model.generate(assistant_model=draft)`` for a model draft (each integer γ
   fixed with the "constant" schedule, plus one row with Transformers' default settings,
   γ = "default"), and ``model.generate(prompt_lookup_num_tokens=γ)`` for the n-gram draft, at
-  γ in `HF_LOOKUP_GAMMAS` and every integer γ benchmarked. The auto draft has no peer.
+  γ in `HF_LOOKUP_GAMMAS` and every integer γ benchmarked (``hf_gammas``, when set, replaces
+  the integer γ benchmarked in both). The auto draft has no peer;
+- with ``llama_peers``, on the target's own GGUF file (`exactspec.bench.llama_peers`):
+  ``llamacpp``, llama.cpp's plain decoding through llama-cpp-python, and ``llama_server``,
+  llama.cpp's own server, plain and speculating (`LLAMA_SERVER_SPECS`).
+
+A **workload** (``workload``, e.g. "humaneval:20") replaces the prompts with a public task's
+and adds each row's pass@1 (`exactspec.bench.humaneval`).
 
 The **drafts** are model specs, "llamacpp" / "llamacpp:PATH" (a GGUF run by llama.cpp; plain
 "llamacpp" is the target's own file), "ngram" (prompt lookup) and "auto" / "auto:SPEC": prompt
@@ -27,8 +34,11 @@ from dataclasses import asdict, dataclass, field
 from exactspec.controller import AUTO, MAX_GAMMA
 from exactspec.drafters import is_llamacpp_spec
 from exactspec.models import BUNDLED_MODEL, parse_model_spec
+from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET
 
-METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted")
+METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted", "llamacpp", "llama_server")
+LLAMA_METHODS = ("llamacpp", "llama_server")
+NGRAM_MOD = "ngram-mod"  # llama-server's own n-gram drafts
 VERIFY_ORDER = ("block", "token")  # the verification rules, in the order rows list them
 NGRAM = "ngram"
 DEFAULT_TARGET = BUNDLED_MODEL
@@ -48,11 +58,15 @@ WARMUP_TOKENS = 16  # a warm-up generation is this long (or max_new_tokens, if s
 
 @dataclass(frozen=True)
 class BenchPrompt:
-    """One prompt: `kind` groups prompts into rows ("open", "grounded", or a file's own kinds)."""
+    """One prompt: `kind` groups prompts into rows ("open", "grounded", "humaneval", or a file's
+    own kinds). reply_start: text the assistant's reply begins with (after the chat template);
+    problem: a workload's problem, for its functional check (`bench.humaneval`)."""
 
     name: str
     kind: str
     text: str
+    reply_start: str = ""
+    problem: dict | None = field(default=None, compare=False, hash=False, repr=False)
 
 
 _GROUNDED_PARAGRAPH = (
@@ -106,6 +120,17 @@ def auto_model_spec(draft: str, target: str) -> str:
 
     spec = draft[len(AUTO) + 1:] if draft.startswith(f"{AUTO}:") else ""
     return spec or default_model_spec(parse_model_spec(target)[0])
+
+
+def pair_settings() -> dict:
+    """`bench --pair`: the real pair (Qwen2.5-Coder 1.5B target, its 0.5B sibling as draft) on
+    HumanEval with every peer: the 0.5B through llama.cpp, in PyTorch (float32), prompt lookup
+    and the auto draft (lookup, else the llama.cpp 0.5B), each at γ = auto with the block rule;
+    Transformers' assisted generation at γ = 4 and its default schedule, its lookup at 4 and 10;
+    llama.cpp plain and its server's speculation."""
+    llama = f"llamacpp:{PAIR_DRAFT}"
+    return dict(target=PAIR_TARGET, drafts=[llama, PAIR_DRAFT, NGRAM, f"{AUTO}:{llama}"],
+                gammas=[AUTO], verify=["block"], hf_gammas=[4], llama_peers=True)
 
 
 def fixed_gammas(gammas) -> list[int]:
@@ -175,6 +200,9 @@ class BenchConfig:
     top_p: float | None = None
     device: str | None = None
     threads: int | None = None
+    hf_gammas: list[int] | None = None  # Transformers' fixed γ, when not the integer γ benchmarked
+    llama_peers: bool = False  # also llama.cpp plain and llama-server on the target's GGUF
+    workload: str | None = None  # "humaneval[:N]": the prompts are its problems, rows get pass@1
 
     def check(self) -> "BenchConfig":
         """Raise a ValueError naming the first bad field and its value; return self."""
@@ -200,6 +228,8 @@ class BenchConfig:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.hf_gammas is not None and not all(_is_gamma(g) and g != AUTO for g in self.hf_gammas):
+            raise ValueError(f"hf_gammas must be integers in [1, {MAX_GAMMA}], got {self.hf_gammas}")
         return self
 
     def jobs(self) -> list[tuple[int, int]]:
@@ -210,7 +240,8 @@ class BenchConfig:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out["prompts"] = [asdict(p) for p in self.prompts]
+        out["prompts"] = [{k: v for k, v in asdict(p).items() if k != "problem"}
+                          for p in self.prompts]
         return out
 
 
@@ -240,8 +271,8 @@ class RunSpec:
 
 def peer_gammas(draft: str, gammas) -> list[int | str]:
     """The γ of a draft's hf_assisted rows: for "ngram", `HF_LOOKUP_GAMMAS` and every integer γ
-    benchmarked; for a model draft, every integer γ, then "default"; none for an auto or a
-    llama.cpp draft."""
+    of `gammas` (the config's hf_gammas, else its γ); for a model draft, every integer γ, then
+    "default"; none for an auto or a llama.cpp draft."""
     if is_auto_draft(draft):
         return []
     if draft == NGRAM:
@@ -263,6 +294,26 @@ def plan(config: BenchConfig) -> list[RunSpec]:
                 for verify in config.verify:
                     specs.append(RunSpec("speculative", temperature, draft, gamma, verify))
             if config.peers:
+                hf = config.gammas if config.hf_gammas is None else config.hf_gammas
                 specs += [RunSpec("hf_assisted", temperature, draft, gamma)
-                          for gamma in peer_gammas(draft, config.gammas)]
+                          for gamma in peer_gammas(draft, hf)]
+        if config.llama_peers:
+            specs += llama_specs(config, temperature)
+    return specs
+
+
+LLAMA_SERVER_GAMMAS = (3, 8, 16)  # --spec-draft-n-max of the draft-simple rows
+
+
+def llama_specs(config: BenchConfig, temperature: float) -> list[RunSpec]:
+    """llama.cpp's rows: plain (llama-cpp-python, and its server), and the server speculating
+    with the first llama.cpp model draft benchmarked at n-max `LLAMA_SERVER_GAMMAS`, with its
+    n-gram drafts ("ngram-mod"), and with both (n-max 16)."""
+    specs = [RunSpec("llamacpp", temperature), RunSpec("llama_server", temperature)]
+    model = next((d for d in config.drafts if is_llamacpp_spec(d) and ":" in d), None)
+    if model is not None:
+        specs += [RunSpec("llama_server", temperature, model, n) for n in LLAMA_SERVER_GAMMAS]
+    specs.append(RunSpec("llama_server", temperature, NGRAM_MOD))
+    if model is not None:
+        specs.append(RunSpec("llama_server", temperature, f"{model}+{NGRAM_MOD}", 16))
     return specs

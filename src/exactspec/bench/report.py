@@ -97,10 +97,15 @@ def summarize(spec: RunSpec, kind: str, runs: list[list[RunResult]], config: Ben
     else:
         for name in (*counters, "acceptance_rate", "alpha", "tokens_per_round", "ms_per_round"):
             row[name] = None
+        if all(r.peer_stats is not None for r in first):  # llama-server: drafts, not rounds
+            row["accepted_drafts"] = sum(r.peer_stats["accepted_drafts"] for r in first)
+            row["drafted_tokens"] = sum(r.peer_stats["drafted_tokens"] for r in first)
+            row["acceptance_rate"] = _ratio(row["accepted_drafts"], row["drafted_tokens"])
     row.update(_sources(first))
     row["speedup_vs_autoregressive"] = None
     row["decode_speedup_vs_autoregressive"] = None
     row["speedup_vs_hf_generate"] = None
+    row["speedup_vs_llamacpp"] = None
     row["matches_autoregressive"] = None
     row["peer_settings"] = peer_settings
     return row
@@ -133,7 +138,7 @@ def add_speedups(rows: list[dict]) -> None:
     same temperature and prompt kind; decode_speedup_vs_autoregressive: the same for the decode
     phase (`decode_rate`)."""
     base = {(r["method"], r["temperature"], r["prompts"]): r for r in rows
-            if r["method"] in ("autoregressive", "hf_generate")}
+            if r["method"] in ("autoregressive", "hf_generate", "llamacpp")}
     rate = lambda key, name: base[key][name] if key in base else None
     for r in rows:
         key = (r["temperature"], r["prompts"])
@@ -142,6 +147,43 @@ def add_speedups(rows: list[dict]) -> None:
         r["decode_speedup_vs_autoregressive"] = _ratio(
             r["decode_tokens_per_s"], rate(("autoregressive", *key), "decode_tokens_per_s"))
         r["speedup_vs_hf_generate"] = _ratio(r["tokens_per_s"], rate(("hf_generate", *key), "tokens_per_s"))
+        r["speedup_vs_llamacpp"] = _ratio(r["tokens_per_s"], rate(("llamacpp", *key), "tokens_per_s"))
+
+
+def add_pass_at_1(rows: list[dict], results: dict, config: BenchConfig, tokenizer) -> None:
+    """pass@1 of each row: the share of its generations (first pass; every pass repeats the
+    seeds) whose completion passes its problem's tests (`bench.humaneval`), with Wilson's 95 %
+    interval, and `pass_at_1_minus_plain`: the 95 % interval of its difference from plain
+    decoding's pass@1 at the same temperature (an exact method's interval should hold 0; at
+    T = 0 its texts are plain decoding's, so the difference is 0)."""
+    from exactspec.bench import humaneval
+
+    checked: dict[tuple[str, str], bool] = {}  # identical completions are run once
+
+    def passed(prompt, tokens) -> bool:
+        body = humaneval.completion(tokenizer.decode(tokens, skip_special_tokens=False))
+        key = (prompt.name, body)
+        if key not in checked:
+            checked[key] = humaneval.passes(prompt.problem, body)
+        return checked[key]
+
+    jobs = config.jobs()
+    outcome = {}
+    for spec, passes_ in results.items():
+        runs = passes_[0]
+        outcome[spec] = [passed(config.prompts[i], r.tokens) for (i, _), r in zip(jobs, runs)
+                         if config.prompts[i].problem]
+    plain = {spec.temperature: outcome[spec] for spec in outcome if spec.method == "autoregressive"}
+    for row in rows:
+        spec = RunSpec(row["method"], row["temperature"], row["draft"], row["gamma"], row["verify"])
+        got = outcome.get(spec)
+        if not got or row["prompts"] != "humaneval":
+            continue
+        row["pass_at_1"] = sum(got) / len(got)
+        row["pass_at_1_interval"] = humaneval.pass_rate_interval(sum(got), len(got))
+        base = plain.get(row["temperature"])
+        row["pass_at_1_minus_plain"] = (humaneval.difference_interval(
+            (sum(got), len(got)), (sum(base), len(base))) if base else None)
 
 
 # --------------------------------------------------------------------------- cost model
@@ -241,8 +283,43 @@ def build_summary(rows: list[dict]) -> list[dict]:
             "gamma_auto": [{**_brief(r), "mean_gamma": r["mean_gamma"]} for r in group
                            if r["method"] == "speculative" and r["gamma"] == AUTO],
             "gamma_sweep": gamma_sweep(group),
+            "peers": peer_summary(group),
         })
     return out
+
+
+def _is_model_draft(draft: str | None) -> bool:
+    """A model draft run in PyTorch (not prompt lookup, the auto draft or llama.cpp)."""
+    from exactspec.drafters import is_llamacpp_spec
+
+    return bool(draft) and draft != NGRAM and not is_auto_draft(draft) and not is_llamacpp_spec(draft)
+
+
+def peer_summary(group: list[dict]) -> dict:
+    """exactspec's fastest speculative row against the peers of one (temperature, prompt kind):
+    plain PyTorch decoding, Transformers' fastest assisted generation with a model draft, with
+    each PyTorch model draft exactspec's fastest row against Transformers' fastest with that
+    same draft, and llama.cpp plain and its server's fastest row."""
+    best = _fastest([r for r in group if r["method"] == "speculative"])
+    hf = _fastest([r for r in group if r["method"] == "hf_assisted" and _is_model_draft(r["draft"])])
+    plain = next((r for r in group if r["method"] == "autoregressive"), None)
+    llama = next((r for r in group if r["method"] == "llamacpp"), None)
+    server = _fastest([r for r in group if r["method"] == "llama_server"])
+    rate = lambda row: row["tokens_per_s"] if row else None
+    same = []
+    for draft in dict.fromkeys(r["draft"] for r in group if _is_model_draft(r["draft"])):
+        ours = _fastest([r for r in group if r["method"] == "speculative" and r["draft"] == draft])
+        theirs = _fastest([r for r in group if r["method"] == "hf_assisted" and r["draft"] == draft])
+        if ours and theirs:
+            same.append({"draft": draft, "ours": _brief(ours), "hf_assisted": _brief(theirs),
+                         "ratio": _ratio(rate(ours), rate(theirs))})
+    return {"best": _brief(best), "over_autoregressive": _ratio(rate(best), rate(plain)),
+            "best_hf_assisted": _brief(hf), "over_hf_assisted": _ratio(rate(best), rate(hf)),
+            "same_draft": same, "llamacpp": _brief(llama), "over_llamacpp": _ratio(rate(best), rate(llama)),
+            "best_llama_server": _brief(server), "over_llama_server": _ratio(rate(best), rate(server)),
+            "pass_at_1": [{**_brief(r), "pass_at_1": r["pass_at_1"],
+                           "minus_plain": r["pass_at_1_minus_plain"]}
+                          for r in group if r["method"] == "speculative" and r.get("pass_at_1") is not None]}
 
 
 SWEEP_RESAMPLES = 2000  # bootstrap resamples of the generations

@@ -18,14 +18,16 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 
-from exactspec.bench.config import (CURVE_MIN_GAMMA, NGRAM, WARMUP_TOKENS, BenchConfig, RunSpec,
-                                    auto_model_spec, fixed_gammas, is_auto_draft, plan)
-from exactspec.bench.report import (add_speedups, build_costmodel, build_summary, load_average,
-                                    machine_info, summarize)
+from exactspec.bench.config import (CURVE_MIN_GAMMA, LLAMA_METHODS, NGRAM, WARMUP_TOKENS,
+                                    BenchConfig, RunSpec, auto_model_spec, fixed_gammas,
+                                    is_auto_draft, plan)
+from exactspec.bench.report import (add_pass_at_1, add_speedups, build_costmodel, build_summary,
+                                    load_average, machine_info, summarize)
 from exactspec.bench.runners import Runner, RunResult
 from exactspec.bench.timing import context_from_prompts, measure_timings
 from exactspec.models import encode_prompt
@@ -96,11 +98,45 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
     log = log or _silent
     started = time.perf_counter()
     target, drafts = load_models(config, models, log)
-    runner = Runner(target, drafts, config)
+    llama = llama_peers(config, target, log) if config.llama_peers else None
+    try:
+        return _run(config, target, drafts, llama, timings, log, started)
+    finally:
+        if llama is not None:
+            llama.close()
+
+
+def llama_peers(config: BenchConfig, target, log: Callable[[str], None]):
+    """The llama.cpp peers on the target's GGUF file (`exactspec.bench.llama_peers`); a
+    ValueError when the target was not loaded from one."""
+    from exactspec.bench.llama_peers import SERVER_HINT, LlamaPeers, find_llama_server
+    from exactspec.drafters import is_llamacpp_spec
+    from exactspec.drafters.llamacpp import gguf_file
+    from exactspec.models.loading import named_gguf
+
+    path = gguf_file(target)
+    if path is None:
+        raise ValueError(f"llama_peers: the target {config.target!r} was not loaded from a GGUF "
+                         f"file, so llama.cpp has nothing to run")
+    drafts = {}
+    for spec in config.drafts:
+        if is_llamacpp_spec(spec) and ":" in spec:
+            where = spec.split(":", 1)[1]
+            drafts[spec] = named_gguf(where) or Path(where).expanduser()
+    server = find_llama_server()
+    if server is None:
+        log(SERVER_HINT)
+    return LlamaPeers(path, drafts, torch.get_num_threads(), config.top_k, config.top_p, server)
+
+
+def _run(config, target, drafts, llama, timings, log, started) -> dict:
+    runner = Runner(target, drafts, config, llama)
     machine = machine_info(runner.device)
-    prompt_ids = [encode_prompt(target, p.text) for p in config.prompts]
+    prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start) for p in config.prompts]
     kinds = list(dict.fromkeys(p.kind for p in config.prompts))
     specs = plan(config)
+    if llama is not None and llama.server is None:
+        specs = [spec for spec in specs if spec.method != "llama_server"]
 
     # warm-up: every configuration, untimed, on the first prompt
     warm_tokens = min(config.max_new_tokens, WARMUP_TOKENS)
@@ -130,11 +166,15 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
             runs = [[pass_[i] for i in index] for pass_ in results[spec]]
             row = summarize(spec, kind, runs, config, runner.peer_settings(spec))
             if spec.temperature == 0:
-                reference = results[RunSpec("autoregressive", spec.temperature)][0]
+                plain = "llamacpp" if spec.method in LLAMA_METHODS else "autoregressive"
+                reference = results[RunSpec(plain, spec.temperature)][0]
                 row["matches_autoregressive"] = all(
                     pass_[i].tokens == reference[i].tokens for pass_ in results[spec] for i in index)
             rows.append(row)
     add_speedups(rows)
+    if any(p.problem for p in config.prompts):
+        log("checking completions against their problems' tests ...")
+        add_pass_at_1(rows, results, config, target.tokenizer)
 
     curve_max = max([CURVE_MIN_GAMMA, *fixed_gammas(config.gammas)])
     if timings is None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactspec.bench.config import NGRAM, BenchConfig, RunSpec
+from exactspec.bench.config import LLAMA_METHODS, NGRAM, BenchConfig, RunSpec
 from exactspec.engine import autoregressive_generate, speculative_generate, synchronize
 
 
@@ -32,6 +32,7 @@ class RunResult:
     stats: object | None = None  # DecodeStats for exactspec methods
     rounds_by_source: dict | None = None  # exactspec methods: rounds per source ("ngram", ...)
     first_tokens: int | None = None  # how many tokens the first emission (at time_to_first_token) held
+    peer_stats: dict | None = None  # llama-server rows: its drafted_tokens and accepted_drafts
 
 
 class _FirstTokenStreamer:
@@ -89,8 +90,8 @@ class Runner:
     spec to a LoadedModel, to "ngram", or (an auto draft) to its drafter object, which the
     engine restarts for each generation."""
 
-    def __init__(self, target, drafts: dict, config: BenchConfig):
-        self.target, self.drafts, self.config = target, drafts, config
+    def __init__(self, target, drafts: dict, config: BenchConfig, llama=None):
+        self.target, self.drafts, self.config, self.llama = target, drafts, config, llama
         self.device = torch.device(getattr(target, "device", None)
                                    or next(target.model.parameters()).device)
         self.pad_token_id = self._pad_token_id()
@@ -110,6 +111,8 @@ class Runner:
             max_new_tokens: int) -> RunResult:
         if spec.method in ("autoregressive", "speculative"):
             return self._run_exactspec(spec, input_ids, seed, max_new_tokens)
+        if spec.method in LLAMA_METHODS:
+            return self.llama.run(spec, input_ids, seed, max_new_tokens)
         return self._run_hf(spec, input_ids, seed, max_new_tokens)
 
     def _run_exactspec(self, spec, input_ids, seed, max_new_tokens) -> RunResult:
@@ -149,7 +152,11 @@ class Runner:
                                 pad_token_id=self.pad_token_id, **sampling, **extra)
 
     def peer_settings(self, spec: RunSpec) -> dict | None:
-        """What the hf_assisted configuration sets (recorded in its row)."""
+        """What the hf_assisted or llama_server configuration sets (recorded in its row)."""
+        if spec.method == "llama_server":
+            from exactspec.bench.llama_peers import server_arguments
+
+            return {"arguments": server_arguments(spec.draft, spec.gamma, "DRAFT.gguf")}
         if spec.method != "hf_assisted":
             return None
         if spec.draft == NGRAM:  # max_matching_ngram_size left unset: Transformers' default

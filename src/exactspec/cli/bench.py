@@ -20,6 +20,7 @@ from exactspec.cli.common import (CliError, output_path, parse_float, parse_int,
 
 def register(subparsers) -> None:
     from exactspec.bench import config as bench
+    from exactspec.bench.humaneval import DEFAULT_PROBLEMS
 
     p = subparsers.add_parser(
         "bench", help="benchmark speculative vs plain decoding and Transformers' generation",
@@ -71,6 +72,26 @@ def register(subparsers) -> None:
     p.add_argument("--batch-sizes", metavar="B,B,...",
                    help="measure batch throughput instead: total tokens/s of plain and "
                         "speculative decoding at these batch sizes, e.g. 1,4,8")
+    p.add_argument("--workload", metavar="humaneval[:N]",
+                   help="prompts from a public task instead: the first N HumanEval problems "
+                        f"(default N: {DEFAULT_PROBLEMS}) as chat prompts, each row with its "
+                        "pass@1 from the problems' tests run in a sandboxed subprocess")
+    p.add_argument("--llama-peers", action=argparse.BooleanOptionalAction, default=False,
+                   help="also llama.cpp on the target's GGUF: plain (llama-cpp-python) and its "
+                        "own llama-server, plain and speculating (`make peers` builds it) "
+                        "(default: off)")
+    p.add_argument("--hf-gammas", metavar="G,G,...",
+                   help="Transformers' fixed γ (assisted generation and lookup), when not the "
+                        "integer γ of --gammas")
+    p.add_argument("--pair", action="store_true",
+                   help="the real pair on HumanEval with every peer: target "
+                        "qwen2.5-coder-1.5b-instruct; drafts its 0.5B sibling through llama.cpp "
+                        "and in PyTorch, prompt lookup and auto; γ = auto, block rule; "
+                        "Transformers at γ = 4 and its default; llama.cpp plain and its server "
+                        "(replaces --target, --draft, --gammas, --verify, --hf-gammas; "
+                        "--workload defaults to humaneval:20)")
+    p.add_argument("--plot-rows", metavar="OUT.png",
+                   help="draw every row's tokens/s (and pass@1) as bars to OUT.png")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run_bench)
 
@@ -105,17 +126,39 @@ def config_from_args(args):
         verify = bench.parse_verify(args.verify, "--verify")
     except ValueError as err:
         raise CliError(str(err)) from None
-    if args.prompts is not None:
+    from exactspec.bench.humaneval import parse_workload, workload_prompts
+
+    workload = args.workload if args.workload is not None or not args.pair else "humaneval"
+    if workload is not None and args.prompts is not None:
+        raise CliError(f"--prompts and --workload both name the prompts; give one, got "
+                       f"--prompts {args.prompts} --workload {workload}")
+    if workload is not None:
+        try:
+            kind, n = parse_workload(workload)
+            prompts, source = workload_prompts(f"{kind}:{n}"), f"{kind}:{n}"
+        except (ValueError, ImportError) as err:
+            raise CliError(str(err)) from None
+    elif args.prompts is not None:
         prompts, source = load_bench_prompts(args.prompts), args.prompts
     else:
         prompts, source = list(bench.BUILTIN_PROMPTS), "built-in"
     drafts = list(dict.fromkeys(_draft_name(d.strip()) for d in args.draft))
     if not all(drafts):
         raise CliError("--draft: empty draft name")
+    try:
+        hf_gammas = None if args.hf_gammas is None else bench.parse_gammas(args.hf_gammas, "--hf-gammas")
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    if hf_gammas is not None and bench.AUTO in hf_gammas:
+        raise CliError(f"--hf-gammas: Transformers' γ are integers, got {args.hf_gammas!r}")
+    chosen = dict(target=args.target, drafts=drafts, gammas=gammas, verify=verify,
+                  hf_gammas=hf_gammas, llama_peers=args.llama_peers)
+    if args.pair:
+        chosen.update(bench.pair_settings())
     temperatures = list(dict.fromkeys(parse_float("--temperature", t, 0.0) for t in args.temperature))
     config = bench.BenchConfig(
-        target=args.target, drafts=drafts, gammas=gammas, temperatures=temperatures,
-        verify=verify, prompts=prompts, prompts_source=source,
+        **chosen, temperatures=temperatures, prompts=prompts, prompts_source=source,
+        workload=source if workload is not None else None,
         max_new_tokens=parse_int("--max-new-tokens", args.max_new_tokens, 1),
         repeats=parse_int("--repeats", args.repeats, 1), warmup=parse_int("--warmup", args.warmup, 0),
         peers=args.peers, seed=parse_int("--seed", args.seed, 0),
@@ -139,7 +182,8 @@ RUN_COLUMNS = [  # (header, field, format)
     ("ms/round", "ms_per_round", "{:.0f}"), ("mean γ", "mean_gamma", "{:.1f}"),
     ("rounds", "sources", "{}"), ("×AR", "speedup_vs_autoregressive", "{:.2f}"),
     ("×AR decode", "decode_speedup_vs_autoregressive", "{:.2f}"),
-    ("×HF", "speedup_vs_hf_generate", "{:.2f}"), ("=AR", "same", "{}"),
+    ("×HF", "speedup_vs_hf_generate", "{:.2f}"), ("×llama.cpp", "speedup_vs_llamacpp", "{:.2f}"),
+    ("pass@1", "pass_at_1", "{:.2f}"), ("=AR", "same", "{}"),
 ]
 
 COST_COLUMNS = [
@@ -195,7 +239,28 @@ def print_summary(summary: list[dict]) -> None:
         sweeps = [_sweep_text(s) for s in item["gamma_sweep"]]
         if sweeps:
             parts.append("γ=auto vs best fixed γ: " + ", ".join(sweeps))
+        parts += _peer_text(item.get("peers") or {})
         print(f"  T = {item['temperature']:g}, {item['prompts']}: " + ("; ".join(parts) or "-"))
+
+
+def _peer_text(peers: dict) -> list[str]:
+    """exactspec's fastest row against each peer (`report.peer_summary`), as summary parts."""
+    best = peers.get("best")
+    if not best:
+        return []
+    parts = [f"fastest exactspec {_named(best)}"]
+    for key, name in (("over_autoregressive", "plain PyTorch"), ("over_hf_assisted", "best HF assisted"),
+                      ("over_llamacpp", "llama.cpp plain"), ("over_llama_server", "best llama-server")):
+        if peers.get(key):
+            parts.append(f"{peers[key]:.2f}x {name}")
+    for same in peers.get("same_draft", []):
+        parts.append(f"with the same draft {same['draft']}: {same['ratio']:.2f}x HF assisted "
+                     f"({_named(same['ours'])} vs {_named(same['hf_assisted'])})")
+    for row in peers.get("pass_at_1", []):
+        lo, hi = row["minus_plain"] or (None, None)
+        spread = f" (minus plain's: 95% interval {lo:+.2f} to {hi:+.2f})" if lo is not None else ""
+        parts.append(f"pass@1 {row['draft']} {row['pass_at_1']:.2f}{spread}")
+    return parts
 
 
 def _sweep_text(sweep: dict) -> str:
@@ -293,7 +358,7 @@ def has_curves(config) -> bool:
 
 
 def run_bench(args) -> int:
-    from exactspec.bench.plot import plot_costmodel
+    from exactspec.bench.plot import plot_costmodel, plot_rows
     from exactspec.bench.report import write_json
     from exactspec.bench.run import log_to_stderr, run_benchmark
 
@@ -302,6 +367,7 @@ def run_bench(args) -> int:
         return run_batch_bench(args, config)
     json_path = output_path("--json", args.json)
     plot_path = output_path("--plot", args.plot)
+    rows_path = output_path("--plot-rows", args.plot_rows)
     if plot_path and not has_curves(config):
         raise CliError("--plot needs an integer γ in --gammas and a draft other than auto: "
                        "each cost-model curve has one draft cost and is drawn against γ")
@@ -310,8 +376,10 @@ def run_bench(args) -> int:
         write_json(result, json_path)
     if plot_path:
         plot_costmodel(result, plot_path)
+    if rows_path:
+        plot_rows(result, rows_path)
     print_result(result)
-    if json_path or plot_path:
-        written = " and ".join(p for p in (json_path, plot_path) if p)
+    if json_path or plot_path or rows_path:
+        written = " and ".join(p for p in (json_path, plot_path, rows_path) if p)
         print(f"\nwrote {written}")
     return 0

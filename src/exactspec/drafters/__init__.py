@@ -52,8 +52,10 @@ def default_model_spec(target_name: str) -> str:
     installed, else its weights in bfloat16 ("NAME@bfloat16"). `default_model_draft` makes the
     same choice for a target already loaded."""
     from exactspec.models import BUNDLED_MODEL
+    from exactspec.models.packaged import packaged_model
 
-    from_gguf = target_name.lower() == BUNDLED_MODEL or target_name.lower().endswith(".gguf")
+    from_gguf = (target_name.lower() == BUNDLED_MODEL or packaged_model(target_name) is not None
+                 or target_name.lower().endswith(".gguf"))
     return LLAMACPP if from_gguf and llamacpp_available() else f"{target_name}@bfloat16"
 
 
@@ -82,12 +84,14 @@ def llamacpp_available() -> bool:
 
 
 def _llamacpp_drafter(where: str, target) -> Drafter:
-    """"llamacpp:" + a GGUF path, the bundled model's name, or nothing (the target's own file)."""
+    """"llamacpp:" + a GGUF path, a packaged model's name (the bundled model, the real pair), or
+    nothing (the target's own file)."""
     from exactspec.drafters.llamacpp import LlamaCppDrafter, gguf_file
-    from exactspec.models import BUNDLED_MODEL, bundled_gguf_path
+    from exactspec.models.loading import named_gguf
 
-    if where.strip().lower() == BUNDLED_MODEL:
-        return LlamaCppDrafter(bundled_gguf_path()[0])
+    packaged = named_gguf(where)
+    if packaged is not None:
+        return LlamaCppDrafter(packaged)
     if where.strip():
         return LlamaCppDrafter(where.strip())
     path = gguf_file(target) if target is not None else None

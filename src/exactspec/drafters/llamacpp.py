@@ -44,15 +44,17 @@ def import_llama_cpp():
 
 
 def gguf_file(target) -> Path | None:
-    """The GGUF file a target was loaded from: the bundled model's, or a `.gguf` spec's; None for
-    anything else (a Hugging Face folder or hub model, a bare model)."""
-    from exactspec.models import BUNDLED_MODEL, LoadedModel
-    from exactspec.models.loading import bundled_gguf_path
+    """The GGUF file a target was loaded from: a packaged model's (the bundled one, the real
+    pair), or a `.gguf` spec's; None for anything else (a Hugging Face folder or hub model, a
+    bare model)."""
+    from exactspec.models import LoadedModel
+    from exactspec.models.loading import named_gguf
 
     if not isinstance(target, LoadedModel):
         return None
-    if target.name == BUNDLED_MODEL:
-        return bundled_gguf_path()[0]
+    packaged = named_gguf(target.name)
+    if packaged is not None:
+        return packaged
     path = Path(target.name).expanduser()
     return path if path.suffix.lower() == ".gguf" and path.is_file() else None
 

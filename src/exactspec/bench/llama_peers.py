@@ -1,0 +1,218 @@
+"""llama.cpp as a benchmark peer, on the target's own GGUF file and the same prompt token ids:
+
+- ``llamacpp``: plain decoding through llama-cpp-python (``Llama.generate``), the KV cache reset
+  before each generation (no prompt cache);
+- ``llama_server``: llama.cpp's own server, ``llama-server`` (``make peers`` builds it from the
+  llama.cpp sources vendored in the pinned llama-cpp-python sdist), started on 127.0.0.1 once
+  per configuration and stopped at the end; each prompt goes to ``/completion`` with
+  ``cache_prompt: false`` and ``ignore_eos``, streamed, and its ``timings`` are read. Its
+  speculation (``--spec-type``) drafts greedily and accepts while the target's sample equals the
+  draft (`common_sampler_sample_and_accept_n`): exact at every temperature.
+
+A server configuration is a `RunSpec` with method "llama_server": draft None (plain), a
+llama.cpp draft spec ("llamacpp:NAME_OR_PATH", ``--spec-type draft-simple`` with
+``--spec-draft-n-max γ``), "ngram-mod" (``--spec-type ngram-mod``, llama.cpp's own lengths), or
+"llamacpp:...+ngram-mod" (both types). Sampling is plain temperature sampling in every peer
+(top-k 0, top-p 1, min-p 0, no penalties) unless the bench sets top-k / top-p; threads are the
+bench's torch threads, for the target and the draft alike.
+"""
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NGRAM_MOD = "ngram-mod"
+SERVER_ENV = "EXACTSPEC_LLAMA_SERVER"
+SERVER_HINT = ("llama.cpp's llama-server is not built: run `make peers` (about 10 min on 2 cores), "
+               f"or set {SERVER_ENV} to its path; the bench runs the other methods without it")
+SERVER_CONTEXT = 4096
+_START_TIMEOUT = 600.0  # seconds for a server to load its models
+
+
+def find_llama_server() -> Path | None:
+    """$EXACTSPEC_LLAMA_SERVER, else llama-server beside this Python (`make peers` puts it in
+    the virtual environment's bin), else on PATH; None when there is none."""
+    named = os.environ.get(SERVER_ENV)
+    if named:
+        path = Path(named).expanduser()
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ValueError(f"{SERVER_ENV}={named!r} is not an executable file")
+        return path
+    beside = Path(sys.executable).parent / "llama-server"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+def server_arguments(draft: str | None, gamma: int | None, draft_gguf: Path | None) -> list[str]:
+    """The speculation arguments of one server configuration (see the module docstring)."""
+    if draft is None:
+        return []
+    types, args = [], []
+    for part in draft.split("+"):
+        if part == NGRAM_MOD:
+            types.append(NGRAM_MOD)
+        else:
+            types.append("draft-simple")
+            args += ["-md", str(draft_gguf), "--spec-draft-n-max", str(gamma)]
+    return ["--spec-type", ",".join(types), *args]
+
+
+def sampling_fields(temperature: float, top_k: int | None, top_p: float | None) -> dict:
+    """The sampling of a /completion request: plain temperature sampling (greedy at T = 0)."""
+    return {"temperature": temperature, "top_k": top_k or 0, "top_p": 1.0 if top_p is None else top_p,
+            "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+            "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """One running llama-server (its stderr kept in a temporary log, named in any error)."""
+
+    def __init__(self, binary: Path, target_gguf: Path, threads: int, extra: list[str]):
+        self.port = _free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="exactspec-llama-server-", suffix=".log",
+                                               delete=False)
+        command = [str(binary), "-m", str(target_gguf), "--host", "127.0.0.1",
+                   "--port", str(self.port), "-c", str(SERVER_CONTEXT), "-np", "1",
+                   "-t", str(threads), "-tb", str(threads), "--no-webui", *extra]
+        if "-md" in extra:
+            command += ["-td", str(threads), "-tbd", str(threads)]
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self.log,
+                                        stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    def _error(self, what: str) -> RuntimeError:
+        self.log.flush()
+        tail = Path(self.log.name).read_text(errors="replace").strip().splitlines()[-3:]
+        return RuntimeError(f"llama-server {what} (log {self.log.name}: {' | '.join(tail)})")
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise self._error(f"exited with status {self.process.returncode} while starting")
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return
+            time.sleep(0.5)
+        self.stop()
+        raise self._error(f"was not ready after {_START_TIMEOUT:.0f} s")
+
+    def complete(self, prompt: list[int], max_new_tokens: int, seed: int, sampling: dict):
+        """(tokens, wall seconds, seconds to the first token, timings) of one streamed request."""
+        body = json.dumps({"prompt": prompt, "n_predict": max_new_tokens, "ignore_eos": True,
+                           "cache_prompt": False, "stream": True, "return_tokens": True,
+                           "seed": seed, **sampling})
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
+        start = time.perf_counter()
+        conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise self._error(f"answered {response.status}: {response.read()[:200]!r}")
+        tokens, first, timings = [], None, {}
+        for line in response:
+            if not line.startswith(b"data: "):
+                continue
+            chunk = json.loads(line[len(b"data: "):])
+            if chunk.get("tokens") and first is None:
+                first = time.perf_counter() - start
+            tokens += chunk.get("tokens") or []
+            if chunk.get("stop"):
+                timings = chunk.get("timings", {})
+                break
+        return tokens, time.perf_counter() - start, first, timings
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log.name)
+
+
+class LlamaPeers:
+    """The llama.cpp peers of one benchmark: llama-cpp-python on the target's GGUF (loaded on
+    first use) and one llama-server per configuration (started on first use); `close` stops
+    them. target_gguf: the target's GGUF file; draft_ggufs: a llama.cpp draft spec → its file."""
+
+    def __init__(self, target_gguf: Path, draft_ggufs: dict[str, Path], threads: int,
+                 top_k: int | None, top_p: float | None, server: Path | None):
+        self.target_gguf, self.draft_ggufs, self.threads = target_gguf, draft_ggufs, threads
+        self.top_k, self.top_p, self.server = top_k, top_p, server
+        self.llama = None
+        self.servers: dict[tuple, LlamaServer] = {}
+
+    def run(self, spec, input_ids, seed: int, max_new_tokens: int):
+        from exactspec.bench.runners import RunResult
+
+        prompt = input_ids[0].tolist()
+        sampling = sampling_fields(spec.temperature, self.top_k, self.top_p)
+        if spec.method == "llamacpp":
+            tokens, wall, first = self._plain(prompt, max_new_tokens, seed, sampling)
+            return RunResult(tokens, wall, first, first_tokens=1)
+        tokens, wall, first, timings = self._server(spec).complete(prompt, max_new_tokens, seed, sampling)
+        stats = {"drafted_tokens": timings.get("draft_n", 0),
+                 "accepted_drafts": timings.get("draft_n_accepted", 0),
+                 "decode_seconds": timings.get("predicted_ms", 0) / 1e3,
+                 "prefill_seconds": timings.get("prompt_ms", 0) / 1e3}
+        return RunResult(tokens, wall, first, first_tokens=1, peer_stats=stats)
+
+    def _plain(self, prompt, max_new_tokens, seed, sampling):
+        if self.llama is None:
+            from exactspec.drafters.llamacpp import import_llama_cpp
+
+            self.llama = import_llama_cpp().Llama(
+                str(self.target_gguf), n_ctx=SERVER_CONTEXT, n_threads=self.threads,
+                n_threads_batch=self.threads, verbose=False)
+        self.llama.reset()  # no prompt cache: every generation evaluates its whole prompt
+        self.llama.set_seed(seed)
+        tokens, first = [], None
+        start = time.perf_counter()
+        for token in self.llama.generate(prompt, top_k=sampling["top_k"], top_p=sampling["top_p"],
+                                         min_p=0.0, temp=sampling["temperature"], repeat_penalty=1.0):
+            if first is None:
+                first = time.perf_counter() - start
+            tokens.append(token)
+            if len(tokens) == max_new_tokens:
+                break
+        return tokens, time.perf_counter() - start, first
+
+    def _server(self, spec) -> LlamaServer:
+        key = (spec.draft, spec.gamma)
+        if key not in self.servers:
+            if self.server is None:
+                raise RuntimeError(SERVER_HINT)
+            model_draft = next((self.draft_ggufs[d] for d in (spec.draft or "").split("+")
+                                if d in self.draft_ggufs), None)
+            self.servers[key] = LlamaServer(self.server, self.target_gguf, self.threads,
+                                            server_arguments(spec.draft, spec.gamma, model_draft))
+        return self.servers[key]
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+        self.servers.clear()
+        self.llama = None
