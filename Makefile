@@ -40,7 +40,7 @@ bench: $(STAMP)
 	$(BIN)/exactspec bench
 
 # The real pair on HumanEval beside every peer (exactspec bench --help; docs in README):
-# 20 problems x 128 new tokens at T = 0 and 0.8. Hours on a 2-core CPU. Run `make peers` first
+# 20 problems x 128 new tokens at T = 0 and 0.8: about 6 hours on a 2-core CPU. Run `make peers` first
 # for llama.cpp's own server; without it the bench says so and runs the rest.
 BENCH_PAIR_ARGS ?= --workload humaneval:20 --max-new-tokens 128 --repeats 1 --warmup 1
 bench-pair: $(STAMP)

