@@ -8,6 +8,7 @@ the 0.5B draft through llama.cpp. They skip when the `pair` packages are not ins
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pytest
 import torch
@@ -179,6 +180,20 @@ def test_pass_rate_intervals():
     assert humaneval.pass_rate_interval(0, 0) is None
     lo, hi = humaneval.difference_interval((10, 20), (10, 20))
     assert lo == pytest.approx(-hi) and hi > 0.2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workload", "mbpp"], r"--workload must be humaneval or humaneval:N, got 'mbpp'"),
+    (["--workload", "humaneval:0"], r"--workload: the number of problems must be an integer in \[1, 164\]"),
+    (["--workload", "humaneval:2", "--prompts", "p.jsonl"], r"--prompts and --workload both name the prompts"),
+    (["--hf-gammas", "auto"], r"--hf-gammas: Transformers' γ are integers, got 'auto'"),
+])
+def test_bench_options_are_checked_before_loading(argv, message, capsys):
+    from exactspec.cli import main
+
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
 
 
 # --------------------------------------------------------------------------- llama.cpp peers
