@@ -24,11 +24,11 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from exactspec.processes import LoggedProcess
 
 NGRAM_MOD = "ngram-mod"
 SERVER_ENV = "EXACTSPEC_LLAMA_SERVER"
@@ -86,35 +86,31 @@ class LlamaServer:
 
     def __init__(self, binary: Path, target_gguf: Path, threads: int, extra: list[str]):
         self.port = _free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="exactspec-llama-server-", suffix=".log",
-                                               delete=False)
         command = [str(binary), "-m", str(target_gguf), "--host", "127.0.0.1",
                    "--port", str(self.port), "-c", str(SERVER_CONTEXT), "-np", "1",
                    "-t", str(threads), "-tb", str(threads), "--no-webui", *extra]
         if "-md" in extra:
             command += ["-td", str(threads), "-tbd", str(threads)]
-        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self.log,
-                                        stderr=subprocess.STDOUT)
+        self.process = LoggedProcess(command, "exactspec-llama-server-")
         self._wait_ready()
 
     def _error(self, what: str) -> RuntimeError:
-        self.log.flush()
-        tail = Path(self.log.name).read_text(errors="replace").strip().splitlines()[-3:]
-        return RuntimeError(f"llama-server {what} (log {self.log.name}: {' | '.join(tail)})")
+        return RuntimeError(f"llama-server {what} (log {self.process.log.name}: {self.process.tail()})")
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + _START_TIMEOUT
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise self._error(f"exited with status {self.process.returncode} while starting")
+            if self.process.proc.poll() is not None:
+                raise self._error(f"exited with status {self.process.proc.returncode} while starting")
             with contextlib.suppress(OSError, http.client.HTTPException):
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
                 conn.request("GET", "/health")
                 if conn.getresponse().status == 200:
                     return
             time.sleep(0.5)
+        error = self._error(f"was not ready after {_START_TIMEOUT:.0f} s")  # before the log goes
         self.stop()
-        raise self._error(f"was not ready after {_START_TIMEOUT:.0f} s")
+        raise error
 
     def complete(self, prompt: list[int], max_new_tokens: int, seed: int, sampling: dict):
         """(tokens, wall seconds, seconds to the first token, timings) of one streamed request."""
@@ -141,16 +137,7 @@ class LlamaServer:
         return tokens, time.perf_counter() - start, first, timings
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log.name)
+        self.process.stop()
 
 
 class LlamaPeers:

@@ -480,9 +480,8 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
         folder = _cached_conversion(gguf, key, _gguf_meta(gguf, package=BUNDLED_PACKAGE,
                                                              version=version))
         model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True, placement=placement)
-    elif packaged_model(name) is not None:
-        packaged = packaged_model(name)
-        name, gguf = packaged.name, named_gguf(name)
+    elif (packaged := packaged_model(name)) is not None:
+        name, gguf = packaged.name, assemble(packaged, cache_root() / "gguf")
         key = f"{packaged.name}-{packaged.version}-{_CACHE_FORMAT}"
         folder = _cached_conversion(gguf, key, _gguf_meta(gguf, package=packaged.package(1),
                                                              version=packaged.version))

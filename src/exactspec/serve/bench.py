@@ -23,13 +23,13 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
+
+from exactspec.processes import LoggedProcess
 
 # Chat prompts: half grounded (the answer copies much of the prompt: prompt lookup pays), half open.
 DEFAULT_PROMPTS = [
@@ -86,20 +86,19 @@ class ServerProcess:
 
     def __init__(self, target: str, mode: Mode, max_batch: int):
         self.url = None
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="exactspec-serve-", suffix=".log",
-                                               delete=False)
         argv = [sys.executable, "-m", "exactspec", "serve", "--target", target, "--draft", mode.draft,
                 "--gamma", mode.gamma, "--host", "127.0.0.1", "--port", "0",
                 "--max-batch", str(max_batch), "--model-name", "bench"]
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        self.process = LoggedProcess(argv, "exactspec-serve-")
+        self.proc = self.process.proc
 
     def wait_ready(self, timeout: float = 600) -> str:
         deadline, url = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self._tail()}")
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.process.tail()}")
             if url is None:
-                found = re.search(r"listening on (http://\S+:\d+)", self._read())
+                found = re.search(r"listening on (http://\S+:\d+)", self.process.read())
                 url = found.group(1) if found else None
             else:
                 status, message = _health(url)
@@ -109,26 +108,10 @@ class ServerProcess:
                 if "failed" in message:  # /health says why the models did not load
                     raise RuntimeError(f"the server could not start: {message}")
             time.sleep(0.1)
-        raise RuntimeError(f"the server did not become ready in time: {self._tail()}")
-
-    def _read(self) -> str:
-        with open(self.log.name, encoding="utf-8", errors="replace") as f:
-            return f.read()
-
-    def _tail(self) -> str:
-        lines = [line for line in self._read().splitlines() if line.strip()]
-        return " | ".join(lines[-3:]) or "no output"
+        raise RuntimeError(f"the server did not become ready in time: {self.process.tail()}")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        os.unlink(self.log.name)
+        self.process.stop()
 
 
 def _health(url: str) -> tuple[int | None, str]:
