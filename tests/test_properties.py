@@ -373,7 +373,7 @@ BAD_BLOCK_INPUTS = {
     "p_short": (lambda d, q, p, v: (d, q, p[:, :-1], v), r"p must have shape \[B, γ\+1, V\]"),
     "q_wrong_vocab": (lambda d, q, p, v: (d, q[..., :-1], p, v), r"q must have shape \[B, γ, V\]"),
     "zero_q": (lambda d, q, p, v: _zero_q_at_draft(d, q, p) + (v,), r"has zero probability under q"),
-    "unknown_rule": (lambda d, q, p, v: (d, q, p, "tree"), r"verify must be one of \('token', 'block'\), got 'tree'"),
+    "unknown_rule": (lambda d, q, p, v: (d, q, p, "tree"), r"verify must be one of \('token', 'block', 'coupled'\), got 'tree'"),
 }
 
 

@@ -359,5 +359,5 @@ def test_verify_block_rejects_bad_input(mutate, message):
 
 def test_verify_block_rejects_unknown_method():
     p = torch.softmax(torch.randn(1, 2, 5), -1)
-    with pytest.raises(ValueError, match=r"verify must be one of \('token', 'block'\), got 'tree'"):
+    with pytest.raises(ValueError, match=r"verify must be one of \('token', 'block', 'coupled'\), got 'tree'"):
         es.verify_block(torch.tensor([[0]]), None, p, verify="tree")

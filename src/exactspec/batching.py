@@ -11,6 +11,11 @@ verifies only its first γ_b drafts (the rest were drafted for other rows and ar
 row's round is exactly the round it would have alone, and the same seed reproduces the same
 output whatever shares the batch. Each round is still an exact sample of the next tokens given
 the prefix (the choices look only backwards, rule 7), so exactness is untouched.
+
+A row under the "token" or "block" rule reproduces its output only as long as its γ and draft
+do (γ = "auto" follows timings). Under the "coupled" rule it draws from noise keyed by (seed,
+absolute position) instead (`exactspec.noise`): its tokens are those of plain decoding with that
+seed, whatever its γ, its draft or its company.
 """
 from __future__ import annotations
 
@@ -21,10 +26,10 @@ import torch
 
 from exactspec.cache import CachedModel
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
+from exactspec.noise import RowNoise, mix
 from exactspec.sampling import RowSampling, SamplingConfig, check_sampling_args
 from exactspec.verify import VERIFY_RULES, BlockResult, verify_block, verify_rows
 
-_MASK = (1 << 64) - 1
 DRAFT, VERIFY = 1, 2  # the purposes of a row's per-round streams
 
 
@@ -75,16 +80,6 @@ class RowSettings:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
 
 
-def _mix(*values: int) -> int:
-    """A 63-bit seed from integers (splitmix64 steps): nearby inputs give unrelated seeds."""
-    state = 0x9E3779B97F4A7C15
-    for value in values:
-        state = (state ^ (value & _MASK)) * 0xBF58476D1CE4E5B9 & _MASK
-        state = (state ^ (state >> 31)) * 0x94D049BB133111EB & _MASK
-        state ^= state >> 29
-    return state >> 1
-
-
 class PerRow:
     """The settings and stream seeds of the rows in the batch, in batch order."""
 
@@ -116,12 +111,16 @@ class PerRow:
                            row.max_new_tokens - n - 1))
                 for row, n in zip(self.settings, emitted)]
 
-    def generators(self, purpose: int, emitted: list[int]) -> list[torch.Generator]:
-        """Row b's fresh stream for this round: seeded by (seed, tokens emitted so far, purpose)."""
+    def generators(self, purpose: int, emitted: list[int], noise: list) -> list:
+        """Row b's fresh stream for this round: its `RowNoise` under the coupled rule (noise[b]),
+        else a generator seeded by (seed, tokens emitted so far, purpose)."""
         streams = []
-        for seed, n in zip(self.seeds, emitted):
+        for seed, n, own in zip(self.seeds, emitted, noise):
+            if own is not None:
+                streams.append(own)
+                continue
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(_mix(seed, n, purpose))
+            generator.manual_seed(mix(seed, n, purpose))
             streams.append(generator)
         return streams
 
@@ -131,9 +130,9 @@ class PerRow:
         return [min(g, n) for g, n in zip(self.gammas(emitted), proposed)]
 
     def verify(self, proposal, drafts: torch.Tensor, p: torch.Tensor,
-               emitted: list[int]) -> BlockResult:
+               emitted: list[int], noise: list) -> BlockResult:
         """Each row verifies its own drafts with its own rule and verification stream."""
-        return verify_rows(drafts, proposal.q, p, self.generators(VERIFY, emitted),
+        return verify_rows(drafts, proposal.q, p, self.generators(VERIFY, emitted, noise),
                            self.lengths(proposal, emitted), [row.verify for row in self.settings])
 
 
@@ -183,6 +182,7 @@ class ContinuousBatching:
         self.lm.merge(other)
         self.drafter.join(ids, valid)
         self.last = torch.cat([self.last, ids[:, -1]])  # [B + n]
+        self.prompt_lengths += valid.sum(dim=1).tolist()
         first = len(self.rows.new)
         self.rows.join([row.max_new_tokens for row in settings])
         self.per_row.join(settings)
@@ -206,15 +206,32 @@ class ContinuousBatching:
         return max(self.per_row.gammas(self._emitted()))
 
     def _stream(self, purpose: int):
-        """The generator for this round's draws: the Decoder's own, or one fresh stream per row."""
+        """The generator for this round's draws: the Decoder's own (its rows' `RowNoise` under
+        the coupled rule), or one fresh stream per row."""
         if self.per_row is None:
-            return self.generator
-        return self.per_row.generators(purpose, self._emitted())
+            return self._noise() if self.verify == "coupled" else self.generator
+        return self.per_row.generators(purpose, self._emitted(), self._noise())
 
     def _verify(self, proposal, drafts: torch.Tensor, p: torch.Tensor) -> BlockResult:
         if self.per_row is None:
-            return verify_block(drafts, proposal.q, p, self.generator, self.verify)
-        return self.per_row.verify(proposal, drafts, p, self._emitted())
+            return verify_block(drafts, proposal.q, p, self._stream(VERIFY), self.verify)
+        return self.per_row.verify(proposal, drafts, p, self._emitted(), self._noise())
+
+    def _noise(self) -> list:
+        """This round's `RowNoise` of each active row under the coupled rule (None for the other
+        rows): its seed, from its absolute position (prompt tokens + tokens emitted) on. Made
+        once a round, so the draft's races and the target's share their noise."""
+        rows, emitted = self.rows.active.tolist(), self._emitted()
+        if self.per_row is None:
+            seeds, rules = [self.seed + row for row in rows], [self.verify] * len(rows)
+        else:
+            seeds, rules = self.per_row.seeds, [row.verify for row in self.per_row.settings]
+        starts = [self.prompt_lengths[row] + n for row, n in zip(rows, emitted)]
+        key = (tuple(seeds), tuple(starts), tuple(rules))
+        if getattr(self, "_round_noise", (None,))[0] != key:
+            self._round_noise = (key, [RowNoise(seed, start) if rule == "coupled" else None
+                                       for seed, start, rule in zip(seeds, starts, rules)])
+        return self._round_noise[1]
 
     def _drafted(self, proposal, drafts: torch.Tensor):
         """Drafts each row proposed this round: the block, or each row's own."""

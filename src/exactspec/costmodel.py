@@ -79,3 +79,17 @@ def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
     return torch.minimum(p, q).sum(dim=-1)
+
+
+def coupled_acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The coupled rule's α: P(x = y) when the draft's x and the target's y are races over q and
+    p with the same noise (`exactspec.noise`). Given E(a) = t, both races pick a when every other
+    E(x) ≥ t · m(x) with m(x) = max(q(x)/q(a), p(x)/p(a)); integrating over t,
+    α = Σ_a 1 / Σ_x m(x) over the tokens a with p(a) > 0 and q(a) > 0 — at most Σ min(p, q),
+    which only a maximal coupling reaches. O(V²) memory: for small vocabularies."""
+    p, q = torch.as_tensor(p, dtype=torch.float64), torch.as_tensor(q, dtype=torch.float64)
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+    both = (p > 0) & (q > 0)  # [..., V], the tokens both races can pick
+    m = torch.maximum(q.unsqueeze(-2) / q.unsqueeze(-1), p.unsqueeze(-2) / p.unsqueeze(-1))  # [..., a, x]
+    return torch.where(both, 1 / m.sum(dim=-1), 0.0).sum(dim=-1)  # [...]

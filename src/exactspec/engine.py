@@ -287,6 +287,8 @@ class Decoder(ContinuousBatching):
         self.ids, self.valid = ids.to(self.lm.device), valid.to(self.lm.device)
         self.drafter, self.sampling, self.verify = drafter, sampling, verify
         self.generator = _generator(distributed.agree_seed(seed), self.lm.device)  # same on every rank
+        self.seed = self.generator.initial_seed()  # row b's noise seed is seed + b (coupled rule)
+        self.prompt_lengths = self.valid.sum(dim=1).tolist()  # per row, for absolute positions
         self.clock = _Clock(self.lm.device)
         eos = _eos_set(eos_token_id, (model, tokenizer))
         self.rows = _Rows(ids.size(0), max_new_tokens, eos, self.clock, on_tokens)
@@ -438,12 +440,14 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
                             on_tokens=None, sampling=None) -> GenerateOutput:
     """Plain decoding of the target: one forward pass and one draw from p per output token.
     input_ids[B, L] with an optional attention_mask (left or right padding); `on_tokens` and
-    `sampling` as in `speculative_generate`."""
+    `sampling` as in `speculative_generate`. Each token is the race over p with the noise of
+    (row seed, position) (`exactspec.noise`; row b's seed is seed + b), so
+    `speculative_generate(..., seed=seed, verify="coupled")` emits the same tokens."""
     check_generation_args(input_ids, max_new_tokens)
     sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling
     return _generate(target, make_drafter(None), input_ids, attention_mask, gamma=0,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                     eos_token_id=eos_token_id, verify="token", on_tokens=on_tokens)
+                     eos_token_id=eos_token_id, verify="coupled", on_tokens=on_tokens)
 
 
 @torch.inference_mode()
@@ -461,7 +465,9 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
     or "auto" (chosen each round from measured costs and acceptance: `GammaController`), or a
     controller of your own with its `choose` and `observe` methods. input_ids[B, L] with an optional
     attention_mask (left or right padding). verify: "block" (joint block verification, never
-    fewer tokens per round) or "token" (the reference's rule); both are exact.
+    fewer tokens per round), "token" (the reference's rule) or "coupled" (the target's token at
+    each position drawn from noise of (row seed, position), drafts kept while equal to it: the
+    same tokens as `autoregressive_generate` with that seed, whatever the draft and γ); all exact.
     `on_tokens(row, new_ids)` is called with the tokens each round emits for a row, for streaming;
     it may return `EndRow(n)` to end that row after the first n of them (a stopping rule that
     reads only the row's own tokens keeps the output exact). `sampling`, when given, makes p and q instead

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from exactspec.noise import RowNoise, is_noise
+
 
 def check_sampling_args(temperature: float = 1.0, top_k: int | None = None,
                         top_p: float | None = None) -> None:
@@ -87,7 +89,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     Inverse-CDF sampling: the first index whose float64 cumulative weight exceeds u · total,
     u ~ U[0, 1). A zero-weight token never has a cumulative weight above its predecessor's, so it
     is never chosen. (torch.multinomial gives the same law but takes ~1 ms at V = 49,152.)
+    A row whose generator is a `RowNoise` (the coupled rule) draws by the race with the noise
+    of its next position instead (`exactspec.noise`): the same law.
     """
+    if is_noise(generator):
+        return _sample_rows(probs, generator)
     flat = probs.reshape(-1, probs.size(-1))  # [N, V]
     cdf = flat.cumsum(dim=-1, dtype=torch.float64)  # [N, V]
     total = cdf[:, -1:]  # [N, 1]
@@ -100,6 +106,18 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
         last_positive = flat.size(-1) - 1 - (flat.flip(-1) > 0).int().argmax(-1)  # [N]
         tokens = torch.where(overflow, last_positive, tokens)
     return tokens.reshape(probs.shape[:-1])  # [...]
+
+
+def _sample_rows(probs: torch.Tensor, generators) -> torch.Tensor:
+    """`sample` over probs[B, V] with one stream per row, some of them `RowNoise`. [B]"""
+    if probs.dim() != 2 or probs.size(0) != len(generators):
+        raise ValueError(f"per-row noise needs probs [B, V] with one stream per row, got shape "
+                         f"{tuple(probs.shape)} for {len(generators)} streams")
+    if not (probs.sum(dim=-1) > 0).all():
+        raise ValueError("cannot sample from a distribution with zero total weight")
+    tokens = [g.draw(row) if isinstance(g, RowNoise) else int(sample(row.unsqueeze(0), [g]))
+              for row, g in zip(probs, generators)]
+    return torch.tensor(tokens, dtype=torch.long, device=probs.device)  # [B]
 
 
 @dataclass(frozen=True)

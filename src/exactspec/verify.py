@@ -17,6 +17,9 @@ Vocabulary (used verbatim below):
 Why it is exact: for each token y, P(emit y) = min(p(y), q(y)) + max(p(y) − q(y), 0) = p(y).
 
 `verify_block(verify="block")` judges the block jointly (Sun et al. 2024); see `_block_stop_probs`.
+`verify="coupled"` draws the target's own token at each position from the row's noise for that
+position and keeps drafts while they equal it (`verify_coupled`): the same law, and the same
+tokens as plain decoding with that noise.
 """
 from __future__ import annotations
 
@@ -24,10 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
+from exactspec.noise import RowNoise
 from exactspec.sampling import sample
 from exactspec.sampling import uniforms as draw_uniforms
 
-VERIFY_RULES = ("token", "block")
+VERIFY_RULES = ("token", "block", "coupled")
 
 # How far a probability vector's sum may stray from 1 before it is refused, per dtype.
 _SUM_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
@@ -193,6 +197,9 @@ def stop_distribution(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: tor
     block: τ is the largest i with η_i < h_i, so P(τ = k) = h_k · Π_{j>k} (1 − h_j), h_0 = 1.
     """
     _check_block_inputs(draft_tokens, q, p, verify)
+    if verify == "coupled":
+        raise ValueError("stop_distribution has no closed form for verify 'coupled' (its drafts "
+                         "and the target share noise); use verify 'token' for point-mass drafts")
     if verify == "block":
         h = _block_stop_probs_h(draft_tokens, q, p)  # [B, γ]
         h = torch.cat([torch.ones_like(p[:, 0, :1]), h], dim=1)  # [B, γ+1], h_0 = 1
@@ -230,10 +237,13 @@ def verify_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
     draft_tokens: LongTensor[B, γ], sampled from q (or proposed deterministically: q None);
     q: [B, γ, V] the draft's distributions; p: [B, γ+1, V] the target's, the last one after
     the whole block. verify "token" is the reference's rule; "block" judges the block jointly
-    (Sun et al. 2024) and never emits fewer tokens per round in expectation. generator: one
-    torch.Generator, or a list of one per row, each row drawing only from its own (rule 8).
+    (Sun et al. 2024) and never emits fewer tokens per round in expectation; "coupled" is
+    `verify_coupled` (generator: one `RowNoise` per row). generator: one torch.Generator, or a
+    list of one per row, each row drawing only from its own (rule 8).
     """
     _check_block_inputs(draft_tokens, q, p, verify)
+    if verify == "coupled":
+        return verify_coupled(draft_tokens, p, generator)
     batch, gamma = draft_tokens.shape
     num_accepted = _sample_num_accepted(draft_tokens, q, p, verify, generator)  # [B]
     weights = next_token_weights(draft_tokens, q, p, num_accepted, verify)  # [B, V]
@@ -242,6 +252,34 @@ def verify_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
     padded = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), -1)], dim=1)  # [B, γ+1]
     tokens = torch.where(positions < num_accepted.unsqueeze(1), padded, -1)  # [B, γ+1]
     tokens[torch.arange(batch, device=p.device), num_accepted] = next_token
+    return BlockResult(tokens=tokens, num_accepted=num_accepted)
+
+
+def verify_coupled(draft_tokens: torch.Tensor, p: torch.Tensor, noise) -> BlockResult:
+    """The coupled rule: y_i, the race over p_i with the row's noise at its position i
+    (`exactspec.noise`), is the target's token there; drafts are kept while x_i = y_i, and the
+    round emits y_1..y_{τ+1} (the correction at the first x_i ≠ y_i, else the bonus y_{γ+1}).
+
+    Exact: each y_i is a draw from p_i whose noise belongs to position i alone, independent of
+    the prefix before it, so the emitted tokens follow the target's law; and they are the tokens
+    plain decoding with the same noise emits, whatever was drafted and whatever γ. A point-mass
+    draft x is kept with probability p(x), as under the token rule. Positions past a row's first
+    mismatch are never raced. draft_tokens [B, γ], p [B, γ+1, V], noise: one `RowNoise` per row.
+    """
+    batch, gamma = draft_tokens.shape
+    if not (isinstance(noise, (list, tuple)) and len(noise) == batch
+            and all(isinstance(row, RowNoise) for row in noise)):
+        raise ValueError(f"verify 'coupled' needs one RowNoise per row ({batch}) as its "
+                         f"generator, got {type(noise).__name__}")
+    tokens = draft_tokens.new_full((batch, gamma + 1), -1)  # [B, γ+1]
+    num_accepted = draft_tokens.new_zeros(batch)  # [B]
+    drafts, alive = draft_tokens.tolist(), list(range(batch))
+    for i in range(gamma + 1):
+        raced = {b: noise[b].token(p[b, i], i) for b in alive}  # y_i of the rows still going
+        for b, token in raced.items():
+            tokens[b, i] = token
+        alive = [b for b in alive if i < gamma and raced[b] == drafts[b][i]]
+        num_accepted[alive] += 1
     return BlockResult(tokens=tokens, num_accepted=num_accepted)
 
 

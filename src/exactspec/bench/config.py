@@ -39,7 +39,8 @@ from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET
 METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted", "llamacpp", "llama_server")
 LLAMA_METHODS = ("llamacpp", "llama_server")
 NGRAM_MOD = "ngram-mod"  # llama-server's own n-gram drafts
-VERIFY_ORDER = ("block", "token")  # the verification rules, in the order rows list them
+VERIFY_ORDER = ("block", "token", "coupled")  # the verification rules, in the order rows list them
+DEFAULT_VERIFY = ("block", "token")
 NGRAM = "ngram"
 DEFAULT_TARGET = BUNDLED_MODEL
 DEFAULT_GAMMAS = (4, AUTO)
@@ -187,7 +188,7 @@ class BenchConfig:
     drafts: list[str] = field(default_factory=lambda: list(default_drafts()))
     gammas: list[int | str] = field(default_factory=lambda: list(DEFAULT_GAMMAS))
     temperatures: list[float] = field(default_factory=lambda: list(DEFAULT_TEMPERATURES))
-    verify: list[str] = field(default_factory=lambda: list(VERIFY_ORDER))
+    verify: list[str] = field(default_factory=lambda: list(DEFAULT_VERIFY))
     prompts: list[BenchPrompt] = field(default_factory=lambda: list(BUILTIN_PROMPTS))
     prompts_source: str = "built-in"
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS

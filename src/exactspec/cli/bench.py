@@ -57,8 +57,9 @@ def register(subparsers) -> None:
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also run Transformers' generate() and assisted generation "
                         "(default: on)")
-    p.add_argument("--verify", default=",".join(bench.VERIFY_ORDER),
-                   help="verification rules for speculative rows (default: %(default)s)")
+    p.add_argument("--verify", default=",".join(bench.DEFAULT_VERIFY),
+                   help="verification rules for speculative rows, of "
+                        f"{','.join(bench.VERIFY_ORDER)} (default: %(default)s)")
     p.add_argument("--seed", default=str(bench.DEFAULT_SEED),
                    help="prompt i uses seed + i in every run (default: %(default)s)")
     p.add_argument("--seeds", default="1", metavar="N",

@@ -8,6 +8,7 @@ import time
 
 from exactspec.cli.common import CliError, print_json, print_table, read_prompts, start_tp
 from exactspec.controller import MAX_GAMMA
+from exactspec.verify import VERIFY_RULES
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "auto"
@@ -68,8 +69,9 @@ def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None, help="a seed reproduces a run exactly")
-    parser.add_argument("--verify", choices=("block", "token"), default="block",
-                        help="verification rule: joint block (default) or token by token")
+    parser.add_argument("--verify", choices=VERIFY_RULES, default="block",
+                        help="verification rule: joint block (default), token by token, or "
+                             "coupled (the same text as plain decoding with the same --seed)")
     chat = parser.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the tokenizer's chat template (default when it has one)")

@@ -238,7 +238,16 @@ def _settings(state: ServerState, params: Params, prompt_tokens: int) -> RowSett
                        code="context_length_exceeded")
     gamma = state.config.gamma if params.gamma is None else params.gamma
     return RowSettings(max_new_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k,
-                       top_p=params.top_p, seed=params.seed, gamma=gamma, verify=params.verify)
+                       top_p=params.top_p, seed=params.seed, gamma=gamma, verify=_rule(state, params))
+
+
+def _rule(state: ServerState, params: Params) -> str:
+    """The request's verification rule: as asked; else "coupled" when it has a seed (its text is
+    then plain decoding's with that seed, whatever shares its batch and whatever γ the
+    controller picks); else the server's, the fastest for unseeded requests."""
+    if params.verify is not None:
+        return params.verify
+    return "coupled" if params.seed is not None else state.config.verify
 
 
 class _Reply:

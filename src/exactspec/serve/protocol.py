@@ -3,7 +3,8 @@
 Supported: `model`, `prompt` (completions: a string or a list of token ids) / `messages` (chat),
 `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`, `stream`,
 `stream_options.include_usage`, and the extras `top_k`, `gamma` (an integer in [0, 32] or
-"auto"), `verify`. Fields that only
+"auto"), `verify` ("block", "token" or "coupled"; default: "coupled" for a request with a
+`seed`, so its text does not depend on its company, else the server's rule). Fields that only
 restate the default (`n: 1`, `logprobs: false`, null values, ...) are accepted; any other field,
 or a value the server cannot honour, is a 400 naming the field — never silently ignored.
 """
@@ -13,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from exactspec.controller import MAX_GAMMA
+from exactspec.verify import VERIFY_RULES
 
 MAX_STOPS = 4
 # Fields accepted when they hold their default (or null): they change nothing.
@@ -59,7 +61,7 @@ class Params:
     stream: bool = False
     include_usage: bool = False
     gamma: int | str | None = None  # None: the server's default
-    verify: str = "block"
+    verify: str | None = None  # None: "coupled" with a seed, else the server's default
 
 
 def _number(body: dict, name: str, low: float, high: float, default, *, integer=False, low_open=False):
@@ -175,9 +177,10 @@ def parse_request(body, kind: str) -> Params:
     params.stream = bool(body.get("stream"))
     params.include_usage = _include_usage(body.get("stream_options"), params.stream)
     verify = body.get("verify")
-    if verify is not None and verify not in ("block", "token"):
-        raise bad("verify", f"verify must be 'block' or 'token', got {verify!r}")
-    params.verify = verify or "block"
+    if verify is not None and verify not in VERIFY_RULES:
+        raise bad("verify", f"verify must be one of {', '.join(map(repr, VERIFY_RULES))}, "
+                            f"got {verify!r}")
+    params.verify = verify
     return params
 
 
