@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import exactspec as es
+from exactspec.controller import _MEMORY as memory_table
 from exactspec.controller import _PLAIN_SAMPLES, MAX_GAMMA, START_GAMMA, GammaController
 from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter
 from conftest import ALPHA, chi_square_pvalue
@@ -310,18 +311,45 @@ def test_prompt_lookup_alpha_comes_from_its_scores_of_itself():
     assert (batch.acceptance["ngram"].accepted, batch.acceptance["ngram"].rejected) == (4, 1)
 
 
+class Model:
+    """A stand-in for a target model: the controller's memory holds it weakly."""
+
+
+def test_a_new_model_in_a_freed_ones_place_remembers_nothing():
+    """Timings belong to the model object, not to its id(): after a model is freed, a new one
+    that gets the same id (CPython reuses the address at once) starts with no timings, α or
+    probe schedule of the old one's."""
+    import gc
+
+    old = Model()
+    controller = GammaController.shared(old, "model")
+    plain_steps(controller, 0.040)
+    controller.observe("model", 4, torch.tensor([4]), 5, 0.001, 0.050)
+    address, remembered = id(old), len(memory_table)
+    del old, controller
+    gc.collect()
+    assert len(memory_table) == remembered - 1  # the freed model's timings went with it
+    made, new = [], None
+    while new is None and len(made) < 100_000:  # kept alive: one of them takes the address
+        made.append(Model())
+        new = made[-1] if id(made[-1]) == address else None
+    assert new is not None, "CPython gave no new object the freed model's address"
+    fresh = GammaController.shared(new, "model")
+    assert fresh.target_by_rows == {} and fresh.draft_by_rows == {} and fresh.past == {}
+
+
 def test_a_source_that_scores_itself_is_not_probed_in_a_later_generation_either():
     """Which sources score themselves is kept for the process, like the timings: a later
     generation's first rounds, before its first scores, do not probe prompt lookup (each such
     probe was a failed block at the start of a generation; a source not scored still is)."""
-    key = object()
-    first = GammaController.shared(key, (key, "lookup"))
+    key = Model()
+    first = GammaController.shared(key, "lookup")
     plain_steps(first, 0.040)
     for _ in range(20):
         first.observe("model", 4, torch.tensor([0]), 5, 1e-5, 0.065)
         first.observe("ngram", 4, torch.tensor([0]), 5, 1e-5, 0.065)
     first.observe_evidence({"ngram": [(0, 300)]})
-    later = GammaController.shared(key, (key, "lookup"))
+    later = GammaController.shared(key, "lookup")
     assert [later.choose("ngram") for _ in range(100)] == [0] * 100
     assert any(later.choose("model") for _ in range(100))
 
@@ -329,10 +357,10 @@ def test_a_source_that_scores_itself_is_not_probed_in_a_later_generation_either(
 def test_plain_steps_count_towards_a_probe_across_generations():
     """Generations shorter than the probe schedule still probe: the plain steps since the last
     probe are kept for the process, like the timings (here 4 split 2 + 2 over two generations)."""
-    key = object()
+    key = Model()
     choices = []
     for _ in range(2):
-        controller = GammaController.shared(key, (key, "test"))
+        controller = GammaController.shared(key, "test")
         if not controller.plain_timed():
             plain_steps(controller, 0.040)
             for _ in range(20):  # a draft token costs 4 ms, but few drafts are kept

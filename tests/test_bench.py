@@ -129,6 +129,17 @@ def test_every_configuration_and_field(tiny_result):
         assert machine[key]
 
 
+def test_coupled_rows_are_plain_decoding_texts():
+    """At T = 1 the coupled rule's rows emit plain decoding's tokens for every job ("=AR" yes),
+    with every draft and γ; the table lists it among the rules."""
+    config = tiny_config(verify=["coupled"], temperatures=[1.0], repeats=1, peers=False)
+    rows = run_benchmark(config, models=tiny_models(), timings=FAKE_TIMINGS, log=None)["rows"]
+    coupled = [r for r in rows if r["method"] == "speculative"]
+    assert {r["verify"] for r in coupled} == {"coupled"} and len(coupled) == 12
+    assert all(r["matches_autoregressive"] is True for r in coupled)
+    assert parse_verify("coupled,block") == ["block", "coupled"]
+
+
 def test_json_round_trips(tiny_result, tmp_path):
     path = tmp_path / "bench.json"
     write_json(tiny_result, path)

@@ -168,7 +168,7 @@ def test_auto_gamma_times_each_batch_size_apart(tiny_pair):
         driver.step(decoder)
     driver.step(decoder)
     controller = driver.controller(decoder)
-    assert list(driver.controllers) == [(id(decoder.lm.model), decoder.drafter.name)]
+    assert list(driver.controllers) == [decoder.drafter.name]
     assert controller.target_by_rows[3] and controller.target_by_rows[2]
     assert controller.acceptance is driver.acceptance and "model" in driver.acceptance
 

@@ -250,3 +250,31 @@ def test_coupled_rows_keep_their_text_when_joining_a_batch(tiny_pair):
                                            temperature=s.temperature, top_p=s.top_p, seed=s.seed,
                                            eos_token_id=[])
         assert decoder.rows.new[r] == alone.sequences[0, len(prompt):].tolist(), r
+
+
+def test_batches_with_neighbouring_seeds_share_no_row(tiny_pair):
+    """Row b's noise comes from (seed, b): a batch seeded 1 is not the batch seeded 0 shifted by
+    one row (which would make 7 of 8 samples repeats in a seed sweep)."""
+    target, _ = tiny_pair
+    ids_ = torch.tensor([PROMPTS[2]]).expand(8, -1)
+    rows = [set(map(tuple, es.autoregressive_generate(target, ids_, max_new_tokens=12, seed=s,
+                                                      eos_token_id=[]).sequences.tolist()))
+            for s in (0, 1)]
+    assert not rows[0] & rows[1]
+
+
+def test_generate_plug_in_coupled_equals_its_plain_decoding(tiny_pair):
+    """Through Transformers' generate() with a repetition penalty (processing that reads the
+    prefix): the coupled rule's rows are those of draft=None with the same seed."""
+    import exactspec.hf as eh
+
+    target, _ = tiny_pair
+    draft = copy.deepcopy(target)
+    draft.lm_head.weight.add_(0.3 * draft.lm_head.weight.std() * torch.randn(draft.lm_head.weight.shape,
+                                                                             generator=torch.Generator().manual_seed(0)))
+    ids_, mask = ragged(4)
+    call = dict(attention_mask=mask, max_new_tokens=16, do_sample=True, temperature=0.9,
+                repetition_penalty=1.3, pad_token_id=2, custom_generate=eh.generate, seed=5)
+    plain = target.generate(ids_, **call)
+    out = target.generate(ids_, draft=draft, gamma=4, verify="coupled", return_dict_in_generate=True, **call)
+    assert torch.equal(out.sequences, plain) and out.exactspec_stats.accepted_drafts > 0

@@ -100,6 +100,19 @@ def test_greedy_equals_plain_decoding_in_a_ragged_batch(target, prompts, draft, 
     assert as_lists(out.sequences) == as_lists(plain.sequences)
 
 
+@pytest.mark.parametrize("gamma", [1, 4, 16, "auto"])
+def test_coupled_sampling_equals_plain_decoding_with_the_seed(target, prompts, gamma):
+    """At T = 0.8 with top-p, the llama.cpp draft racing over its q with the target's noise:
+    the coupled rule's rows are plain decoding's with the same seed, and drafts are kept."""
+    ids, mask = batch(prompts)
+    settings = dict(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=99)
+    plain = autoregressive_generate(target, ids, attention_mask=mask, **settings)
+    out = speculative_generate(target, drafter_for(target), ids, attention_mask=mask, gamma=gamma,
+                               verify="coupled", **settings)
+    assert as_lists(out.sequences) == as_lists(plain.sequences)
+    assert out.stats.accepted_drafts > 0
+
+
 def test_auto_draft_of_the_bundled_target_is_llama_cpp(target):
     assert isinstance(make_drafter("auto", target=target).model, LlamaCppDrafter)
 

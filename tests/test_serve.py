@@ -141,6 +141,36 @@ def test_default_auto_greedy_equals_plain_decoding(auto_server, tiny_folders, ca
     assert chat.choices[0].message.content == generate_cli(capsys, target, "none", PROMPT, "--chat")
 
 
+def test_seeded_text_does_not_depend_on_company_or_gamma(auto_server, tiny_folders, capsys):  # noqa: F811
+    """With the server's defaults (--draft auto --gamma auto), a seeded sampled request gets the
+    coupled rule: alone, in company (other seeded and unseeded requests joining the batch), with
+    a fixed γ or none, its text is plain decoding's with that seed (`exactspec generate --draft
+    none --seed`)."""
+    target, _ = tiny_folders
+    prompt = "w5 w9 w5 w9 w5 w9 w5"
+    args = dict(model="tiny", prompt=prompt, max_tokens=12, temperature=0.8, seed=1234)
+    call = lambda kw: auto_server.client.completions.create(**kw).choices[0].text
+    alone = call(args)
+    assert alone == generate_cli(capsys, target, "none", prompt, "--no-chat", "--temperature",
+                                 "0.8", "--seed", "1234")
+    company = [args] + [dict(model="tiny", prompt=f"w{i} w{i + 2} w{i}", max_tokens=10 + i,
+                             temperature=1.0, **({"seed": i} if i % 2 else {})) for i in range(5)]
+    with concurrent.futures.ThreadPoolExecutor(len(company)) as pool:
+        together = list(pool.map(call, company))
+    assert together[0] == alone
+    assert all(call({**args, "extra_body": {"gamma": g}}) == alone for g in (0, 1, 16))
+
+
+def test_the_rule_follows_the_seed():
+    """A seeded request gets the coupled rule, an unseeded one the server's; asking wins."""
+    from exactspec.serve.app import ServerState, _rule
+    from exactspec.serve.protocol import parse_request
+
+    state = ServerState(ServeConfig(verify="token"))
+    rule = lambda **body: _rule(state, parse_request({"prompt": "w1", **body}, "completions"))
+    assert (rule(seed=3), rule(), rule(seed=3, verify="block")) == ("coupled", "token", "block")
+
+
 def test_stream_arrives_in_chunks_and_matches(server):
     args = dict(model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=30,
                 temperature=0.8, seed=5, extra_body={"top_k": 10})
@@ -214,6 +244,7 @@ def test_disconnect_frees_the_row(server, monkeypatch):
     ({"prompt": " ".join(["w1"] * 200)}, 400, "prompt"),
     ({"prompt": PROMPT, "max_tokens": 500}, 400, "prompt"),
     ({"prompt": PROMPT, "gamma": "fast"}, 400, "gamma"),
+    ({"prompt": PROMPT, "verify": "tree"}, 400, "verify"),
 ])
 def test_bad_requests_get_openai_errors(server, body, status, param):
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
@@ -290,7 +321,8 @@ def test_serve_command_prints_its_port(tiny_folders):  # noqa: F811
         while httpx.get(url + "/health").status_code == 503 and time.time() < deadline:
             time.sleep(0.1)
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3).choices[0].text
+        assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3,
+                                       temperature=0).choices[0].text
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -26,7 +26,7 @@ import torch
 
 from exactspec.cache import CachedModel
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
-from exactspec.noise import RowNoise, mix
+from exactspec.noise import RowNoise, mix, row_seed
 from exactspec.sampling import RowSampling, SamplingConfig, check_sampling_args
 from exactspec.verify import VERIFY_RULES, BlockResult, verify_block, verify_rows
 
@@ -223,9 +223,10 @@ class ContinuousBatching:
         once a round, so the draft's races and the target's share their noise."""
         rows, emitted = self.rows.active.tolist(), self._emitted()
         if self.per_row is None:
-            seeds, rules = [self.seed + row for row in rows], [self.verify] * len(rows)
-        else:
-            seeds, rules = self.per_row.seeds, [row.verify for row in self.per_row.settings]
+            seeds, rules = [row_seed(self.seed, row) for row in rows], [self.verify] * len(rows)
+        else:  # each row its own request: row 0 of its seed
+            seeds = [row_seed(seed) for seed in self.per_row.seeds]
+            rules = [row.verify for row in self.per_row.settings]
         starts = [self.prompt_lengths[row] + n for row, n in zip(rows, emitted)]
         key = (tuple(seeds), tuple(starts), tuple(rules))
         if getattr(self, "_round_noise", (None,))[0] != key:
@@ -272,7 +273,7 @@ class AutoGamma:
     def __init__(self, controller_type=GammaController):
         self.controller_type = controller_type
         self.acceptance: dict = {}
-        self.controllers: dict[tuple, GammaController] = {}
+        self.controllers: dict[str, GammaController] = {}  # by drafter name (one target)
         # per (source, batch size): the payoff (see above), the seconds of all rounds since its
         # last drafting round, and what that round took beyond T(1)
         self.payoff: dict[tuple[str, int], float] = {}
@@ -281,12 +282,12 @@ class AutoGamma:
 
     def controller(self, decoder) -> GammaController:
         """The controller for the decoder's target and drafter (it keeps timings per batch size)."""
-        key = (id(decoder.lm.model), decoder.drafter.name)
-        if key not in self.controllers:
-            controller = self.controller_type.shared(key[0], key)
+        name = decoder.drafter.name
+        if name not in self.controllers:
+            controller = self.controller_type.shared(decoder.lm.model, name)
             controller.acceptance, controller.past = self.acceptance, {}  # spans requests already
-            self.controllers[key] = controller
-        return self.controllers[key]
+            self.controllers[name] = controller
+        return self.controllers[name]
 
     def step(self, decoder):
         """One round of `decoder`; returns its `Round` report, after the controller learned from it."""

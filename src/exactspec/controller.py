@@ -13,10 +13,22 @@ The controller keeps, from rounds already run (the past-only rule, so the output
   model's estimate, starting from a uniform prior; for prompt lookup on one row, which can score
   itself against every committed token (`NGramDrafter.evidence`), hits / (hits + misses) instead.
 
-Timings are noisy upward only (a busy machine, a first call's one-time set-up, a draft model
-catching up on a long prompt), so each estimate is the smallest of its last few samples, a
-k-token pass slower than k one-token passes is set aside as an outlier, and the draft's cost
-is per forward pass of its model (a catch-up pass counts once).
+Timings follow the machine as it is now: each estimate is the median of its last _RECENT
+samples, so a change in cost (another process taking a core, or leaving it) shows within three
+rounds, and one outlier either way (a first call's set-up, a descheduled moment) does not move
+it; a k-token pass slower than k one-token passes is set aside as an outlier, and the draft's
+cost is per forward pass of its model (a catch-up pass counts once). A drafting round that took
+more than _RECHECK times its price re-times T(1) (its samples are dropped, so the next rounds
+are plain steps that measure it again): what every round is weighed against must be as current
+as the rounds themselves. Blocks longer than _STEADY_GAMMA are chosen only while T(1) and the
+draft's cost are steady (recent samples within _STEADY_SPREAD of each other): a long block
+priced at a quiet moment is the costliest mistake when the machine gets busy.
+
+The guard: within a generation, a source whose last drafting rounds (at least _GUARD_ROUNDS of
+them) delivered fewer tokens per second than a plain step does now (1 / T(1)) stops drafting;
+its probes (below) still run, and a probe round that beats a plain step lets it draft again.
+(Not for a one-row source that scores itself, prompt lookup: its α is measured at every token
+and its drafts cost nothing, so its price is already what its rounds deliver.)
 
 It picks γ in 0..max_gamma maximizing E[N](α, γ) / (γ · c_draft + T(γ + 1)), where
 E[N] = Σ_{k=0..γ} α^k and γ = 0 is a plain step (one token per T(1)).
@@ -32,13 +44,16 @@ doubled after each probe the draft kept whole, so a drop to γ = 0 is never perm
 draft that pays only in long blocks gets them: after 4, 8, 16 and then every 32 plain steps while drafting could pay
 at a better α, and every 64 while it could not pay even if every draft were kept (then only
 the timings can change the answer); plain steps count across generations, so short generations
-probe too. Timings are remembered for the process (`shared`), keyed by the target and the
-drafter, so a second generation starts from the first one's costs; so is
+probe too. Timings are remembered for the process (`shared`), held for the target model itself
+(a weak reference: they go with it, and a model loaded later in its place starts afresh) and the
+drafter's name, so a second generation starts from the first one's costs; so is
 acceptance, but only as a prior worth _PRIOR_DRAFTS drafts: α belongs to the text, and a few of
 this generation's drafts outweigh it.
 """
 from __future__ import annotations
 
+import statistics
+import weakref
 from dataclasses import dataclass, field
 
 AUTO = "auto"
@@ -46,7 +61,11 @@ MAX_GAMMA = 32  # the longest block anyone may ask for
 AUTO_MAX_GAMMA = MAX_GAMMA  # the longest the controller chooses (free drafts kept ~always:
 # on a 2-core CPU a pass over 33 tokens costs 1.6x one over 9 and yields up to 3.7x the tokens)
 START_GAMMA = 4  # a source's first round, before its cost is known
-_RECENT = 8  # an estimate is the smallest of this many latest samples
+_RECENT = 5  # an estimate is the median of this many latest samples
+_RECHECK = 1.5  # a drafting round dearer than this times its price re-times T(1)
+_STEADY_GAMMA = 8  # longer blocks only while costs are steady
+_STEADY_SPREAD = 1.5  # steady: the largest recent sample at most this times the smallest
+_GUARD_ROUNDS = 4  # drafting rounds of a source in a generation before the guard judges them
 _PLAIN_SAMPLES = 3  # T(1) is timed this many times at a batch size before rounds are priced there
 _PRIOR_SLOPE = 0.05  # past the pass sizes seen, a token costs this share of the cheapest pass
 _FIRST_PROBE, _LAST_PROBE, _REFRESH_PROBE = 4, 32, 64
@@ -55,20 +74,46 @@ _PROBE_QUANTILE = 0.9  # a probe's γ is the best at this quantile of α's poste
 _PRIOR_DRAFTS = 2  # a generation's α starts from a prior worth this many drafts
 _PAST_WINDOW = 256  # past generations' drafts per source, after which older ones weigh half
 
-# past generations' samples: T(k) per batch size, by target; per drafter: the draft's cost per
-# token per batch size and source, its catch-up cost per token, and [kept, rejected] per source
-_TARGET_SECONDS: dict[object, dict[int, dict[int, list[float]]]] = {}
-_DRAFT_SECONDS: dict[object, dict[int, dict[str, list[float]]]] = {}
-_CATCH_UP_SECONDS: dict[object, dict[str, list[float]]] = {}
-_PAST_ACCEPTANCE: dict[object, dict[str, list[int]]] = {}
-_PROBES: dict[object, dict[str, list[int]]] = {}  # and `_Probe`s
-_SCORED: dict[object, set[str]] = {}  # and the sources that score themselves (`observe_evidence`)
+
+@dataclass
+class _Memory:
+    """What the process remembers of one target model: T(k) per batch size, and per drafter
+    name the draft's cost per token per batch size and source, its catch-up cost per token,
+    [kept, rejected] per source, its probe schedules and the sources that score themselves."""
+
+    target: dict[int, dict[int, list[float]]] = field(default_factory=dict)
+    drafters: dict[str, dict[str, object]] = field(default_factory=dict)
+
+    def drafter(self, name: str) -> dict[str, object]:
+        return self.drafters.setdefault(name, dict(draft={}, catch_up={}, past={}, probes={},
+                                                   scored=set()))
+
+
+_MEMORY: "weakref.WeakKeyDictionary[object, _Memory]" = weakref.WeakKeyDictionary()
+
+
+def memory(model) -> _Memory:
+    """The timings and acceptance kept for `model` (a target), for as long as it lives."""
+    if model not in _MEMORY:
+        _MEMORY[model] = _Memory()
+    return _MEMORY[model]
 
 
 def _record(samples: dict, key, seconds: float) -> None:
     recent = samples.setdefault(key, [])
     recent.append(seconds)
     del recent[:-_RECENT]
+
+
+def estimate(samples: list[float]) -> float:
+    """The median of the recent samples: current, and robust to one outlier either way."""
+    return statistics.median(samples)
+
+
+def steady(samples: list[float], floor: float = 0.0) -> bool:
+    """Whether recent samples agree: at least 3, the largest within _STEADY_SPREAD times the
+    smallest (or within `floor` seconds of it: costs too small to matter)."""
+    return len(samples) >= 3 and max(samples) <= max(_STEADY_SPREAD * min(samples), min(samples) + floor)
 
 
 @dataclass
@@ -112,18 +157,20 @@ class GammaController:
     rows: int = 1  # the batch size of the round being chosen (set by `choose`)
     lockstep: bool = False  # a fixed batch, done when its slowest row is: see `observe`
     scored: set[str] = field(default_factory=set)  # sources whose one-row α is `observe_evidence`'s
+    # this generation's drafting rounds per source: (tokens per row, seconds), for the guard
+    delivered: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
     @classmethod
-    def shared(cls, target_key, drafter_key) -> GammaController:
-        """A controller whose timings persist across generations with the same keys, and whose
-        α starts from the past generations' (see `_Acceptance`); so does which sources score
-        themselves, so that a generation's first rounds do not probe them."""
-        return cls(target_by_rows=_TARGET_SECONDS.setdefault(target_key, {}),
-                   draft_by_rows=_DRAFT_SECONDS.setdefault(drafter_key, {}),
-                   catch_up=_CATCH_UP_SECONDS.setdefault(drafter_key, {}),
-                   past=_PAST_ACCEPTANCE.setdefault(drafter_key, {}),
-                   probes=_PROBES.setdefault(drafter_key, {}),
-                   scored=_SCORED.setdefault(drafter_key, set()))
+    def shared(cls, target, drafter_name: str) -> GammaController:
+        """A controller whose timings persist across generations with the same target model (the
+        object: `memory`) and drafter name, and whose α starts from the past generations' (see
+        `_Acceptance`); so does which sources score themselves, so that a generation's first
+        rounds do not probe them."""
+        kept = memory(target)
+        drafter = kept.drafter(drafter_name)
+        return cls(target_by_rows=kept.target, draft_by_rows=drafter["draft"],
+                   catch_up=drafter["catch_up"], past=drafter["past"], probes=drafter["probes"],
+                   scored=drafter["scored"])
 
     @property
     def target(self) -> dict[int, list[float]]:
@@ -141,7 +188,7 @@ class GammaController:
         seen = [rows for rows, costs in self.draft_by_rows.items() if costs.get(source)]
         if not seen:
             return None
-        return min(self.draft_by_rows[min(seen, key=lambda rows: abs(rows - self.rows))][source])
+        return estimate(self.draft_by_rows[min(seen, key=lambda rows: abs(rows - self.rows))][source])
 
     def _stats(self, source: str) -> _Acceptance:
         if source not in self.acceptance:
@@ -162,12 +209,15 @@ class GammaController:
         a round counts as the row that kept the fewest drafts: drafts other rows kept only make
         them finish early, which on a CPU saves little."""
         self.rows = num_accepted.numel()
-        if target_tokens > 0:
-            _record(self.target, target_tokens, target_seconds)
         kept = num_accepted.tolist()
         per_row = [drafted] * len(kept) if isinstance(drafted, int) else list(drafted)
         width = max(per_row, default=0)
-        if width == 0 or source == "none":
+        drafting = width > 0 and source != "none"
+        if drafting and draft_seconds is not None:
+            self._check_price(source, width, target_tokens, draft_seconds + target_seconds)
+        if target_tokens > 0:
+            _record(self.target, target_tokens, target_seconds)
+        if not drafting:
             return
         if self.lockstep:
             least = min(range(len(kept)), key=lambda i: min(kept[i], per_row[i]))
@@ -175,6 +225,8 @@ class GammaController:
         if draft_seconds is not None:
             _record(self.draft, source, draft_seconds / (draft_calls or width))
         probe = self.probes.get(source)
+        self._deliver(source, sum(kept) / len(kept) + 1, (draft_seconds or 0.0) + target_seconds,
+                      probe is not None and probe.pending)
         if probe is not None and probe.pending:  # the probe's outcome sets the ladder
             whole = all(tau >= n for tau, n in zip(kept, per_row))
             probe.ladder = 2 * probe.pending if whole else 0
@@ -182,6 +234,32 @@ class GammaController:
         if source not in self.scored or self.rows > 1:
             self._count(source, sum(min(tau, n) for tau, n in zip(kept, per_row)),
                         sum(1 for tau, n in zip(kept, per_row) if tau < n or n == 0))
+
+    def _check_price(self, source: str, width: int, target_tokens: int, seconds: float) -> None:
+        """A drafting round that cost more than _RECHECK times its price re-times T(1)."""
+        if target_tokens <= 0 or self.draft_seconds(source) is None or not self.plain_timed():
+            return
+        price = width * self.draft_seconds(source) + self.target_seconds(target_tokens)
+        if seconds > _RECHECK * price:
+            self.target.pop(1, None)
+
+    def _deliver(self, source: str, tokens: float, seconds: float, probe: bool) -> None:
+        """The guard's record of a drafting round (tokens per row, seconds); a probe that beats
+        a plain step starts the record afresh (the guard lifts)."""
+        rounds = self.delivered.setdefault(source, [])
+        if probe and 1 in self.target and tokens / seconds >= 1 / self.target_seconds(1):
+            rounds.clear()
+        rounds.append((tokens, seconds))
+        del rounds[:-2 * _GUARD_ROUNDS]
+
+    def delivers(self, source: str) -> bool:
+        """The guard: false when this generation's last drafting rounds of `source` (at least
+        _GUARD_ROUNDS) delivered fewer tokens per second than a plain step now does."""
+        rounds = self.delivered.get(source, [])
+        if len(rounds) < _GUARD_ROUNDS or not self.plain_timed():
+            return True
+        tokens, seconds = (sum(r[i] for r in rounds) for i in (0, 1))
+        return tokens / seconds >= 1 / self.target_seconds(1)
 
     def observe_evidence(self, evidence: dict[str, list[tuple[int, int]]]) -> None:
         """α from a drafter that scores itself against the committed tokens (prompt lookup:
@@ -222,10 +300,11 @@ class GammaController:
         if gamma > 0 and not self.catch_up_pays(source, stats.alpha(), gamma, lag, tokens_left):
             return 0  # sitting out only adds to the lag: no probes either
         probe = self.probes.setdefault(source, _Probe())
-        if gamma > 0:
+        scored = source in self.scored and rows == 1  # α from every committed token, free drafts
+        if gamma > 0 and (scored or self.delivers(source)):
             probe.plain, probe.after, probe.ladder = 0, _FIRST_PROBE, 0
             return gamma
-        if source in self.scored and rows == 1:
+        if scored:
             return 0  # its α is scored at every committed token and it costs nothing: no probes
         probe.plain += 1
         could_pay = self.best_gamma(source, 1.0)
@@ -265,7 +344,7 @@ class GammaController:
         if not lag or tokens_left is None or not self.catch_up.get(source):
             return True
         saved = tokens_left * (1 / self.rate(source, alpha, 0) - 1 / self.rate(source, alpha, gamma))
-        return saved > lag * min(self.catch_up[source])
+        return saved > lag * estimate(self.catch_up[source])
 
     def min_drafts(self, source: str, gamma: int) -> int:
         """The fewest drafts worth a target pass in a round of up to γ: a proposal of fewer (prompt
@@ -285,7 +364,16 @@ class GammaController:
         return len(self.target.get(1, ())) >= _PLAIN_SAMPLES
 
     def best_gamma(self, source: str, alpha: float) -> int:
-        return max(range(self.max_gamma + 1), key=lambda g: self.rate(source, alpha, g))
+        """The γ of the highest `rate`, up to _STEADY_GAMMA unless the costs are steady."""
+        return max(range(self.longest(source) + 1), key=lambda g: self.rate(source, alpha, g))
+
+    def longest(self, source: str) -> int:
+        """max_gamma while T(1) and the draft's cost are steady, else at most _STEADY_GAMMA."""
+        plain = self.target.get(1, [])
+        costs = self.draft.get(source, [])
+        if steady(plain) and steady(costs, floor=0.02 * estimate(plain)):
+            return self.max_gamma
+        return min(self.max_gamma, _STEADY_GAMMA)
 
     def rate(self, source: str, alpha: float, gamma: int) -> float:
         """Expected output tokens per second of a round with γ drafts."""
@@ -300,7 +388,7 @@ class GammaController:
         far too high. A size whose pass took longer than k one-token passes is set aside as an
         outlier (a first call's set-up, a busy moment) until it is measured again within that
         bound."""
-        seen = {size: min(samples) for size, samples in self.target.items()}
+        seen = {size: estimate(samples) for size, samples in self.target.items()}
         if 1 in seen:
             seen = {size: t for size, t in seen.items() if t <= size * seen[1]}
         return seen[k] if k in seen else _between(seen, k)

@@ -287,7 +287,7 @@ class Decoder(ContinuousBatching):
         self.ids, self.valid = ids.to(self.lm.device), valid.to(self.lm.device)
         self.drafter, self.sampling, self.verify = drafter, sampling, verify
         self.generator = _generator(distributed.agree_seed(seed), self.lm.device)  # same on every rank
-        self.seed = self.generator.initial_seed()  # row b's noise seed is seed + b (coupled rule)
+        self.seed = self.generator.initial_seed()  # row b's noise: `noise.row_seed(seed, b)`
         self.prompt_lengths = self.valid.sum(dim=1).tolist()  # per row, for absolute positions
         self.clock = _Clock(self.lm.device)
         eos = _eos_set(eos_token_id, (model, tokenizer))
@@ -378,8 +378,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
     decoder = Decoder(target, drafter, input_ids, attention_mask, **settings)
     controller = gamma if hasattr(gamma, "choose") else None
     if gamma == AUTO:  # timings carry over between generations with the same target and drafter
-        key = id(decoder.lm.model)
-        controller = GammaController.shared(key, (key, drafter.name))
+        controller = GammaController.shared(decoder.lm.model, drafter.name)
         controller.lockstep = decoder.ids.size(0) > 1
     by_source: dict[str, int] = {}
     while not decoder.done:
@@ -441,7 +440,7 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
     """Plain decoding of the target: one forward pass and one draw from p per output token.
     input_ids[B, L] with an optional attention_mask (left or right padding); `on_tokens` and
     `sampling` as in `speculative_generate`. Each token is the race over p with the noise of
-    (row seed, position) (`exactspec.noise`; row b's seed is seed + b), so
+    (row seed, position) (`exactspec.noise`; row b's from (seed, b)), so
     `speculative_generate(..., seed=seed, verify="coupled")` emits the same tokens."""
     check_generation_args(input_ids, max_new_tokens)
     sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling

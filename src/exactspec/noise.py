@@ -32,6 +32,12 @@ def mix(*values: int) -> int:
     return state >> 1
 
 
+def row_seed(seed: int, row: int = 0) -> int:
+    """The noise seed of row `row` of a generation seeded `seed` (a server request is row 0 of
+    its own): unrelated for different rows, so batches seeded s and s + 1 share no row's noise."""
+    return mix(seed, row)
+
+
 def noise_key(seed: int, position: int) -> int:
     """The seed of E_t's stream: (row seed, absolute position), nothing else."""
     return mix(seed, position, NOISE)

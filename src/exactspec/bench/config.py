@@ -204,6 +204,7 @@ class BenchConfig:
     hf_gammas: list[int] | None = None  # Transformers' fixed γ, when not the integer γ benchmarked
     llama_peers: bool = False  # also llama.cpp plain and llama-server on the target's GGUF
     workload: str | None = None  # "humaneval[:N]": the prompts are its problems, rows get pass@1
+    background_load: int = 0  # busy processes beside the whole run (`exactspec.bench.load`)
 
     def check(self) -> "BenchConfig":
         """Raise a ValueError naming the first bad field and its value; return self."""
@@ -229,6 +230,9 @@ class BenchConfig:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        from exactspec.bench.load import check_load
+
+        check_load(self.background_load)
         if self.hf_gammas is not None and not all(_is_gamma(g) and g != AUTO for g in self.hf_gammas):
             raise ValueError(f"hf_gammas must be integers in [1, {MAX_GAMMA}], got {self.hf_gammas}")
         return self

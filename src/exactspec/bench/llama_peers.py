@@ -153,7 +153,7 @@ class LlamaPeers:
         self.servers: dict[tuple, LlamaServer] = {}
 
     def run(self, spec, input_ids, seed: int, max_new_tokens: int):
-        from exactspec.bench.runners import RunResult
+        from exactspec.bench.results import RunResult
 
         prompt = input_ids[0].tolist()
         sampling = sampling_fields(spec.temperature, self.top_k, self.top_p)

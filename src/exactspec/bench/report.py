@@ -30,7 +30,7 @@ import torch
 from exactspec import costmodel
 from exactspec.bench.config import (AUTO, NGRAM, VERIFY_ORDER, BenchConfig, RunSpec,
                                     is_auto_draft)
-from exactspec.bench.runners import RunResult
+from exactspec.bench.results import RunResult
 from exactspec.files import atomic_write
 
 

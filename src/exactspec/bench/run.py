@@ -28,7 +28,8 @@ from exactspec.bench.config import (CURVE_MIN_GAMMA, LLAMA_METHODS, NGRAM, WARMU
                                     is_auto_draft, plan)
 from exactspec.bench.report import (add_pass_at_1, add_speedups, build_costmodel, build_summary,
                                     load_average, machine_info, summarize)
-from exactspec.bench.runners import Runner, RunResult
+from exactspec.bench.results import RunResult
+from exactspec.bench.runners import Runner
 from exactspec.bench.timing import context_from_prompts, measure_timings
 from exactspec.models import encode_prompt
 
@@ -95,12 +96,17 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
     models: LoadedModels by spec, used instead of loading (tests); timings: the cost model's
     inputs, used instead of timing the models (tests). log: progress lines (None: silent).
     """
+    from exactspec.bench.load import BackgroundLoad
+
     log = log or _silent
     started = time.perf_counter()
     target, drafts = load_models(config, models, log)
     llama = llama_peers(config, target, log) if config.llama_peers else None
     try:
-        return _run(config, target, drafts, llama, timings, log, started)
+        with BackgroundLoad(config.background_load):
+            if config.background_load:
+                log(f"{config.background_load} busy process(es) run beside every row")
+            return _run(config, target, drafts, llama, timings, log, started)
     finally:
         if llama is not None:
             llama.close()
@@ -165,7 +171,8 @@ def _run(config, target, drafts, llama, timings, log, started) -> dict:
             index = [n for n, (i, _) in enumerate(jobs) if config.prompts[i].kind == kind]
             runs = [[pass_[i] for i in index] for pass_ in results[spec]]
             row = summarize(spec, kind, runs, config, runner.peer_settings(spec))
-            if spec.temperature == 0:
+            if spec.temperature == 0 or spec.verify == "coupled":
+                # the coupled rule's texts are plain decoding's with the same seed at any T;
                 # llama.cpp's rows against its own plain decoding in the same runtime (its server's
                 # numerics are not llama-cpp-python's, nor PyTorch's)
                 plain = spec.method if spec.method in LLAMA_METHODS else "autoregressive"

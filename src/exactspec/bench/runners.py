@@ -14,25 +14,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from dataclasses import dataclass
 
 import torch
 
 from exactspec.bench.config import LLAMA_METHODS, NGRAM, BenchConfig, RunSpec
+from exactspec.bench.results import RunResult
 from exactspec.engine import autoregressive_generate, speculative_generate, synchronize
-
-
-@dataclass
-class RunResult:
-    """One timed generation."""
-
-    tokens: list[int]
-    wall_seconds: float
-    time_to_first_token: float | None
-    stats: object | None = None  # DecodeStats for exactspec methods
-    rounds_by_source: dict | None = None  # exactspec methods: rounds per source ("ngram", ...)
-    first_tokens: int | None = None  # how many tokens the first emission (at time_to_first_token) held
-    peer_stats: dict | None = None  # llama-server rows: its drafted_tokens and accepted_drafts
 
 
 class _FirstTokenStreamer:

@@ -68,6 +68,9 @@ def register(subparsers) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cuda when present")
     p.add_argument("--threads", default=None, help="torch CPU threads (default: torch's own)")
+    p.add_argument("--background-load", default="0", metavar="N",
+                   help="run N busy processes beside the whole run, stopped with it: every row "
+                        "measured under the same competing load (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON to OUT")
     p.add_argument("--plot", metavar="OUT.png", help="draw the measured cost model to OUT.png")
     p.add_argument("--batch-sizes", metavar="B,B,...",
@@ -167,7 +170,8 @@ def config_from_args(args):
         top_k=None if args.top_k is None else parse_int("--top-k", args.top_k, 1),
         top_p=None if args.top_p is None else parse_float("--top-p", args.top_p, 0.0, 1.0, low_open=True),
         device=args.device,
-        threads=None if args.threads is None else parse_int("--threads", args.threads, 1))
+        threads=None if args.threads is None else parse_int("--threads", args.threads, 1),
+        background_load=parse_int("--background-load", args.background_load, 0))
     return config.check()
 
 
@@ -280,7 +284,9 @@ def print_result(result: dict) -> None:
     print(f"machine: {machine['cpu_model']}, {machine['cpu_cores_usable']} cores usable, "
           f"torch {machine['torch_version']} ({machine['torch_threads']} threads), "
           f"transformers {machine['transformers_version']}, device {machine['device']}; "
-          f"load average {machine.get('load_average_start')} -> {machine.get('load_average_end')}")
+          f"load average {machine.get('load_average_start')} -> {machine.get('load_average_end')}"
+          + (f"; {config['background_load']} busy process(es) beside every row"
+             if config.get("background_load") else ""))
     groups = list(dict.fromkeys((r["temperature"], r["prompts"]) for r in result["rows"]))
     for temperature, kind in groups:
         rows = [_display_row(r) for r in result["rows"]

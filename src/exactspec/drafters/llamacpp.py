@@ -8,11 +8,11 @@ logits through the same temperature/top-k/top-p as p, and each draft is drawn fr
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import time
-import warnings
 import weakref
 from pathlib import Path
 
@@ -41,6 +41,28 @@ def import_llama_cpp():
         import_llama_cpp.log_callback = llama_cpp.llama_log_callback(lambda level, text, data: None)
         llama_cpp.llama_log_set(import_llama_cpp.log_callback, ctypes.c_void_p(0))
     return llama_cpp
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def torch_on_one_thread():
+    """torch on one thread inside the block: the draft's own torch work (q from its logits, the
+    draws) is small, and a parallel region would leave torch's OpenMP workers spinning on the
+    cores the next llama.cpp decode needs — however GOMP_SPINCOUNT was set, whatever was
+    imported first."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def gguf_file(target) -> Path | None:
@@ -76,11 +98,7 @@ class LlamaCppDrafter:
             raise ValueError(f"draft 'llamacpp:{path}': no such GGUF file")
         self.llama = import_llama_cpp()
         self.model = _load_gguf(str(self.path.resolve()))
-        if "GOMP_SPINCOUNT" not in os.environ:
-            warnings.warn("torch was loaded before exactspec, with OpenMP's default spin count: its "
-                          "idle threads slow llama.cpp drafts (about 2x on 2 cores); set "
-                          "GOMP_SPINCOUNT=20000 before importing torch", stacklevel=2)
-        self.n_threads = n_threads or torch.get_num_threads()
+        self.n_threads = n_threads or usable_cores()
         self.name = f"llamacpp:{self.path.name}"
         self.calls = self.tokens_fed = self.padding_fed = 0
         self.context, self.device = None, torch.device("cpu")
@@ -125,6 +143,10 @@ class LlamaCppDrafter:
         if gamma == 0:  # the budget's last token: nothing to draft, nothing to feed
             self.drafts = torch.empty(batch, 0, dtype=torch.long)
             return Proposal(self.drafts, None)
+        with torch_on_one_thread():
+            return self._propose(batch, gamma, sampling, generator)
+
+    def _propose(self, batch: int, gamma: int, sampling: SamplingConfig, generator) -> Proposal:
         self._make_room(sum(map(len, self.pending)) + batch * gamma)
         start, calls, behind = time.perf_counter(), self.calls, self.lag() > 0
         logits = self._feed(self.pending)  # [B, V], after each row's pending tokens

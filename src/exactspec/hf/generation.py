@@ -222,7 +222,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor, stopping_crit
 
     draft: a model, a model spec, "ngram", "auto", or any exactspec drafter; None decodes plainly
     (one target pass per token) with the same processing. gamma: drafts per round (or "auto");
-    verify: "block" or "token"; seed: exactspec's generator (default: drawn from torch's global
+    verify: "block", "token" or "coupled" (the same tokens as draft=None with the same seed);
+    seed: exactspec's generator (default: drawn from torch's global
     generator when sampling). exactspec_streamer: a Transformers streamer (put / end) fed as each
     round commits tokens; Transformers 5.24 does not pass `streamer=` to a callable (use this
     keyword, or the folder form, which accepts `streamer=`). Settings that cannot be made exact

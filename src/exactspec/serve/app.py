@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import logging
 import threading
@@ -18,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exactspec.batching import RowSettings
+from exactspec.serve.drafts import drafter_factory
 from exactspec.serve.metrics import ServerMetrics
 from exactspec.serve.protocol import ApiError, Params, parse_request, speculative_metrics
 from exactspec.serve.scheduler import Job, QueueFull, Scheduler
@@ -64,7 +64,7 @@ class ServerState:
             target = config.target
             if isinstance(target, str):
                 target = load_model(target, tp=config.tp)
-            make_drafter = _drafter_factory(config.draft, target)
+            make_drafter = drafter_factory(config.draft, target)
             make_drafter()  # a bad spec fails now, not at the first request
             self.target, self.context = target, context_length(target)
             scheduler_type = Scheduler
@@ -83,32 +83,6 @@ class ServerState:
             why = f"loading the models failed: {self.error}" if self.error else "the models are still loading"
             raise ApiError(503, why, type="service_unavailable")
         return self.scheduler
-
-
-def _drafter_factory(draft, target):
-    """A function making a fresh drafter for each new batch (a drafter holds per-batch state).
-    "auto": prompt lookup or, as for `exactspec generate`, the target's default model draft."""
-    from exactspec.drafters import AutoDrafter, NGramDrafter, NoDraft
-
-    spec = draft.strip().lower() if isinstance(draft, str) else None
-    if draft is None or spec == "none":
-        return NoDraft
-    if spec == "ngram":
-        return NGramDrafter
-    if spec == "auto" or (spec or "").startswith("auto:"):
-        make_model = _model_draft_factory(draft.strip()[len("auto:"):], target)
-        return lambda: AutoDrafter(make_model())
-    return _model_draft_factory(draft, target)
-
-
-def _model_draft_factory(draft, target):
-    """Fresh model drafters sharing one set of weights: the draft is loaded (or, when `draft` is
-    empty, the target's default model draft made) once, and each batch gets a copy of it made
-    before it starts, so with no state of its own yet."""
-    from exactspec.drafters import default_model_draft, make_drafter
-
-    first = make_drafter(draft, target=target) if draft else default_model_draft(target)
-    return lambda: copy.copy(first)
 
 
 def create_app(config: ServeConfig, *, load_in_background: bool = True) -> FastAPI:

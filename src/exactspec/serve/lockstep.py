@@ -20,6 +20,7 @@ import torch
 
 from exactspec import distributed
 from exactspec.engine import Decoder
+from exactspec.serve.drafts import drafter_factory
 from exactspec.serve.scheduler import Scheduler
 
 log = logging.getLogger("exactspec.serve")
@@ -108,9 +109,8 @@ def serve_follower(config) -> None:
     """A follower rank of `exactspec serve --tp`: load the models as rank 0's server does (the
     same collectives in the same order), then follow its batches until it stops."""
     from exactspec.models import load_model
-    from exactspec.serve.app import _drafter_factory
 
     target = load_model(config.target, tp=True)
-    make_drafter = _drafter_factory(config.draft, target)
+    make_drafter = drafter_factory(config.draft, target)
     make_drafter()  # as the server does, so both ranks build the same drafters
     follow(target, make_drafter)

@@ -1,0 +1,57 @@
+"""The package's import graph: no module imports itself back through others, at any depth,
+counting the imports inside functions too (a lazy import still ties two modules together)."""
+import ast
+from pathlib import Path
+
+import exactspec
+
+ROOT = Path(exactspec.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The exactspec modules `path` imports (a name imported from a package counts as its module
+    when it is one, else as the package)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        found |= {name for name in names if name in modules}
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every module that reaches itself, with one path back (depth-first search)."""
+    found = []
+    for start in sorted(graph):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph[node]):
+                if nxt == start:
+                    found.append(path + [start])
+                    stack = []
+                    break
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+    return found
+
+
+def test_no_import_cycles():
+    paths = sorted(ROOT.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    graph = {module_name(p): imports_of(p, modules) - {module_name(p)} for p in paths}
+    # a package's __init__ re-exporting its modules is not a cycle of theirs
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not (m != name and name.startswith(m + ".")
+                                                      and m != "exactspec")}
+    assert not cycles(graph), cycles(graph)[:5]
