@@ -22,6 +22,7 @@ import torch
 from exactspec.drafters.base import Proposal, lag
 from exactspec.models import check_length, unwrap_model
 from exactspec.sampling import SamplingConfig, sample
+from exactspec.threads import ThreadChoice
 
 INSTALL_HINT = ("llama-cpp-python is not installed: pip install 'exactspec[llamacpp]' "
                 "(or `make setup`, which builds it)")
@@ -99,6 +100,10 @@ class LlamaCppDrafter:
         self.llama = import_llama_cpp()
         self.model = _load_gguf(str(self.path.resolve()))
         self.n_threads = n_threads or usable_cores()
+        # the draft's one-token decodes run on all its threads or on one, whichever is faster now
+        # (`exactspec.threads`); a count given explicitly is kept
+        self.threads = ThreadChoice((self.n_threads, 1)) if n_threads is None else None
+        self.running_threads = self.n_threads
         self.name = f"llamacpp:{self.path.name}"
         self.calls = self.tokens_fed = self.padding_fed = 0
         self.context, self.device = None, torch.device("cpu")
@@ -159,7 +164,7 @@ class LlamaCppDrafter:
             drafts[:, i] = sample(q_i, generator).cpu()  # [B]
             qs.append(q_i)
             if i + 1 < gamma:  # the last draft is fed next round, if it is kept
-                logits = self._feed([[token] for token in drafts[:, i].tolist()])  # [B, V]
+                logits = self._step([[token] for token in drafts[:, i].tolist()])  # [B, V]
         self.drafts = drafts  # [B, γ]
         return Proposal(drafts.to(self.device), torch.stack(qs, dim=1))  # [B, γ], [B, γ, V]
 
@@ -205,6 +210,19 @@ class LlamaCppDrafter:
             self.seqs.append(seq)
             self.fed.append([])
             self.pending.append(row[mask.bool()].tolist())
+
+    def _step(self, tokens: list[list[int]]) -> torch.Tensor:
+        """`_feed` of one token per row, on the thread count `threads` chooses, timed for it."""
+        if self.threads is None:
+            return self._feed(tokens)
+        count = self.threads.choose(len(tokens))
+        if count != self.running_threads:
+            self.llama.llama_set_n_threads(self.context, count, count)
+            self.running_threads = count
+        start = time.perf_counter()
+        logits = self._feed(tokens)
+        self.threads.record(count, len(tokens), time.perf_counter() - start)
+        return logits
 
     def _feed(self, tokens: list[list[int]]) -> torch.Tensor:
         """Feed tokens[b] to row b's sequence (all rows, in decodes of at most BATCH_TOKENS
@@ -255,6 +273,7 @@ class LlamaCppDrafter:
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, BATCH_TOKENS, BATCH_TOKENS
         params.n_seq_max, params.kv_unified = MAX_ROWS, True
         params.n_threads = params.n_threads_batch = self.n_threads
+        self.running_threads = self.n_threads
         if self.context is not None:
             self._free_context()
         self.context = self.llama.llama_init_from_model(self.model.model, params)

@@ -1,0 +1,49 @@
+"""How many threads repeated work of one kind runs on, from what each count delivers now.
+
+On an idle machine a llama.cpp draft decodes fastest on every core it may use; with one other
+busy process on 2 cores its two threads wait for each other at every barrier while one of them
+is descheduled, and one thread is 2-3x faster (measured: 52-62 ms against 22-24 ms a token for
+the bundled model's 4-bit draft). Which holds changes while a process runs, so the choice is
+measured, not configured.
+"""
+from __future__ import annotations
+
+import statistics
+
+RECENT = 5  # a count's speed is the median of its last few timings
+EXPLORE_EVERY = 16  # every this many units run a count not chosen, to keep its timing current
+
+
+class ThreadChoice:
+    """Chooses among thread counts for units of like work (keyed by their size: a decode of B
+    tokens): each count's speed is the median of its last RECENT seconds at that size; the
+    fastest runs, and every EXPLORE_EVERY-th unit another count runs instead, so that a change
+    in the machine shows within a few dozen units. Counts not yet timed at a size run first."""
+
+    def __init__(self, counts):
+        self.counts = tuple(dict.fromkeys(int(n) for n in counts))
+        if not self.counts or min(self.counts) < 1:
+            raise ValueError(f"counts must be positive integers, got {counts!r}")
+        self.samples: dict[tuple[int, int], list[float]] = {}
+        self.units = 0
+
+    def choose(self, size: int = 1) -> int:
+        """The thread count for the next unit of `size`."""
+        self.units += 1
+        untimed = [n for n in self.counts if not self.samples.get((n, size))]
+        if untimed:
+            return untimed[0]
+        ranked = sorted(self.counts, key=lambda n: statistics.median(self.samples[(n, size)]))
+        if len(ranked) > 1 and self.units % EXPLORE_EVERY == 0:
+            return ranked[1 + (self.units // EXPLORE_EVERY) % (len(ranked) - 1)]
+        return ranked[0]
+
+    def record(self, count: int, size: int, seconds: float) -> None:
+        recent = self.samples.setdefault((count, size), [])
+        recent.append(seconds)
+        del recent[:-RECENT]
+
+    def best(self, size: int = 1) -> int | None:
+        """The count now believed fastest at `size` (None before any timing there)."""
+        timed = [n for n in self.counts if self.samples.get((n, size))]
+        return min(timed, key=lambda n: statistics.median(self.samples[(n, size)]), default=None)
