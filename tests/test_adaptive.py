@@ -311,6 +311,32 @@ def test_prompt_lookup_alpha_comes_from_its_scores_of_itself():
     assert (batch.acceptance["ngram"].accepted, batch.acceptance["ngram"].rejected) == (4, 1)
 
 
+def test_the_guard_stops_a_draft_whose_rounds_deliver_less_than_a_plain_step():
+    """Rounds the price says pay but that delivered fewer tokens per second than a plain step
+    (T(1) = 40 ms: 25 tokens/s) stop the source's drafting in this generation; a probe round that
+    beats a plain step lifts it."""
+    controller = GammaController()
+    plain_steps(controller, 0.040)
+    for _ in range(3):  # cheap drafts, all kept: the price says draft
+        controller.observe("model", 4, torch.tensor([4]), 5, 0.004, 0.050)
+    assert controller.delivers("model") and controller.choose("model") > 0
+    controller.delivered["model"] += [(1.0, 0.2)] * 4  # four rounds that stalled: 19.7 tokens/s
+    assert not controller.delivers("model") and controller.choose("model") == 0
+    controller._deliver("model", 5.0, 0.054, probe=True)
+    assert controller.delivers("model") and controller.choose("model") > 0
+
+
+def test_an_overpriced_round_re_times_a_plain_step():
+    """A drafting round that took more than 1.5x its price drops T(1)'s samples: the next
+    rounds are plain steps that time it again."""
+    controller = GammaController()
+    plain_steps(controller, 0.040)
+    controller.observe("model", 4, torch.tensor([4]), 5, 0.004, 0.050)
+    assert controller.plain_timed()
+    controller.observe("model", 4, torch.tensor([4]), 5, 0.004, 0.300)
+    assert not controller.plain_timed() and controller.choose("model") == 0
+
+
 class Model:
     """A stand-in for a target model: the controller's memory holds it weakly."""
 

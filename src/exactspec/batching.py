@@ -151,6 +151,7 @@ class ContinuousBatching:
     """
 
     per_row: PerRow | None = None
+    _round_noise: tuple = (None, [])  # (the round's key, its rows' RowNoise): see `_noise`
 
     def use_row_settings(self, settings) -> None:
         """Per-row settings for the rows of the first batch, set before the first round."""
@@ -229,7 +230,7 @@ class ContinuousBatching:
             rules = [row.verify for row in self.per_row.settings]
         starts = [self.prompt_lengths[row] + n for row, n in zip(rows, emitted)]
         key = (tuple(seeds), tuple(starts), tuple(rules))
-        if getattr(self, "_round_noise", (None,))[0] != key:
+        if self._round_noise[0] != key:
             self._round_noise = (key, [RowNoise(seed, start) if rule == "coupled" else None
                                        for seed, start, rule in zip(seeds, starts, rules)])
         return self._round_noise[1]

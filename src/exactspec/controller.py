@@ -246,6 +246,8 @@ class GammaController:
     def _deliver(self, source: str, tokens: float, seconds: float, probe: bool) -> None:
         """The guard's record of a drafting round (tokens per row, seconds); a probe that beats
         a plain step starts the record afresh (the guard lifts)."""
+        if seconds <= 0:
+            return
         rounds = self.delivered.setdefault(source, [])
         if probe and 1 in self.target and tokens / seconds >= 1 / self.target_seconds(1):
             rounds.clear()
