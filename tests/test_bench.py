@@ -496,3 +496,16 @@ def test_decode_rate_leaves_out_the_first_emission():
             RunResult(list(range(32)), 2.0, 0.4, first_tokens=1)]
     assert decode_rate(runs) == pytest.approx((27 + 31) / (0.8 + 1.6))
     assert decode_rate([RunResult([1, 2], 1.0, None)]) is None
+
+
+def test_background_load_runs_for_the_block_only():
+    """`--background-load N`: N busy processes inside the block, none after it; a bad N names
+    the field."""
+    from exactspec.bench.load import BackgroundLoad
+
+    with BackgroundLoad(2) as load:
+        assert load.running() == 2
+        processes = list(load.processes)
+    assert load.running() == 0 and all(p.poll() is not None for p in processes)
+    with pytest.raises(ValueError, match=r"background_load must be an integer in \[0, 64\], got -1"):
+        tiny_config(background_load=-1).check()

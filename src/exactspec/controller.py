@@ -237,9 +237,10 @@ class GammaController:
 
     def _check_price(self, source: str, width: int, target_tokens: int, seconds: float) -> None:
         """A drafting round that cost more than _RECHECK times its price re-times T(1)."""
-        if target_tokens <= 0 or self.draft_seconds(source) is None or not self.plain_timed():
+        cost = self.draft_seconds(source)
+        if target_tokens <= 0 or cost is None or not self.plain_timed():
             return
-        price = width * self.draft_seconds(source) + self.target_seconds(target_tokens)
+        price = width * cost + self.target_seconds(target_tokens)
         if seconds > _RECHECK * price:
             self.target.pop(1, None)
 
@@ -249,7 +250,7 @@ class GammaController:
         if seconds <= 0:
             return
         rounds = self.delivered.setdefault(source, [])
-        if probe and 1 in self.target and tokens / seconds >= 1 / self.target_seconds(1):
+        if probe and self.plain_timed() and self._beats_plain(tokens, seconds):
             rounds.clear()
         rounds.append((tokens, seconds))
         del rounds[:-2 * _GUARD_ROUNDS]
@@ -260,7 +261,10 @@ class GammaController:
         rounds = self.delivered.get(source, [])
         if len(rounds) < _GUARD_ROUNDS or not self.plain_timed():
             return True
-        tokens, seconds = (sum(r[i] for r in rounds) for i in (0, 1))
+        return self._beats_plain(*(sum(r[i] for r in rounds) for i in (0, 1)))
+
+    def _beats_plain(self, tokens: float, seconds: float) -> bool:
+        """Whether `tokens` per row in `seconds` is at least a plain step's rate now, 1 / T(1)."""
         return tokens / seconds >= 1 / self.target_seconds(1)
 
     def observe_evidence(self, evidence: dict[str, list[tuple[int, int]]]) -> None:

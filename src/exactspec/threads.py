@@ -30,10 +30,9 @@ class ThreadChoice:
     def choose(self, size: int = 1) -> int:
         """The thread count for the next unit of `size`."""
         self.units += 1
-        untimed = [n for n in self.counts if not self.samples.get((n, size))]
-        if untimed:
-            return untimed[0]
-        ranked = sorted(self.counts, key=lambda n: statistics.median(self.samples[(n, size)]))
+        ranked = self._ranked(size)
+        if len(ranked) < len(self.counts):
+            return next(n for n in self.counts if n not in ranked)  # untimed at this size
         if len(ranked) > 1 and self.units % EXPLORE_EVERY == 0:
             return ranked[1 + (self.units // EXPLORE_EVERY) % (len(ranked) - 1)]
         return ranked[0]
@@ -45,5 +44,10 @@ class ThreadChoice:
 
     def best(self, size: int = 1) -> int | None:
         """The count now believed fastest at `size` (None before any timing there)."""
+        ranked = self._ranked(size)
+        return ranked[0] if ranked else None
+
+    def _ranked(self, size: int) -> list[int]:
+        """The counts timed at `size`, fastest first (by the median of their recent timings)."""
         timed = [n for n in self.counts if self.samples.get((n, size))]
-        return min(timed, key=lambda n: statistics.median(self.samples[(n, size)]), default=None)
+        return sorted(timed, key=lambda n: statistics.median(self.samples[(n, size)]))
