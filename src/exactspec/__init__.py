@@ -28,7 +28,7 @@ _NAMES = {  # public name → the module that defines it
     "ModelDrafter": "exactspec.drafters", "NGramDrafter": "exactspec.drafters",
     "make_drafter": "exactspec.drafters",
     "LoadedModel": "exactspec.models", "check_compatible": "exactspec.models",
-    "load_model": "exactspec.models",
+    "load_model": "exactspec.models", "Constraint": "exactspec.constraints",
 }
 _MODULES = {"costmodel": "exactspec.costmodel", "rejection": "exactspec.lab.rejection",
             "sampling": "exactspec.sampling", "verify": "exactspec.verify",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.cache import CachedModel
+from exactspec.constraints import Constraint
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
 from exactspec.noise import RowNoise, mix, row_seed
 from exactspec.sampling import RowSampling, SamplingConfig, check_sampling_args
@@ -59,6 +60,7 @@ class RowSettings:
     seed: int | None = None
     gamma: int | str = 4
     verify: str = "block"
+    constraint: Constraint | None = None  # what the row's output must match
 
     def __post_init__(self):
         check_sampling_args(self.temperature, self.top_k, self.top_p)
@@ -161,6 +163,8 @@ class ContinuousBatching:
                              f"({self.rows.active.numel()}) before the first round, got {len(settings)}")
         self.per_row = PerRow(settings, self.lm.device)
         self.sampling = self.per_row.sampling()
+        self.matchers.select(torch.arange(0))
+        self.constrain(row.constraint for row in settings)
         self.rows.budget = [row.max_new_tokens for row in settings]
         self.done = False
 
@@ -188,6 +192,7 @@ class ContinuousBatching:
         self.rows.join([row.max_new_tokens for row in settings])
         self.per_row.join(settings)
         self.sampling = self.per_row.sampling()
+        self.constrain(row.constraint for row in settings)
         return list(range(first, first + ids.size(0)))
 
     def cancel(self, rows) -> None:

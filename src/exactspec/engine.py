@@ -24,8 +24,10 @@ from exactspec import distributed
 from exactspec.batching import DRAFT, ContinuousBatching, left_pad
 from exactspec.cache import CachedModel
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
-from exactspec.drafters import Drafter, Proposal, make_drafter
+from exactspec.constraints import RowMatchers, as_constraint
+from exactspec.drafters import Drafter, NoDraft, Proposal, make_drafter
 from exactspec.drafters.base import drafter_evidence, drafter_lag
+from exactspec.drafters.grammar import GrammarDrafter
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.sampling import SamplingConfig
 from exactspec.verify import VERIFY_RULES, verify_block
@@ -278,7 +280,8 @@ class Decoder(ContinuousBatching):
     `step(gamma)` runs one round; `generate` drives it until every row is done."""
 
     def __init__(self, target, drafter: Drafter, input_ids, attention_mask, *, max_new_tokens: int,
-                 sampling: SamplingConfig, seed, eos_token_id, verify: str, on_tokens):
+                 sampling: SamplingConfig, seed, eos_token_id, verify: str, on_tokens,
+                 constraint=None):
         model, tokenizer, name = unwrap_model(target, "target")
         ids, valid = left_pad(input_ids, attention_mask)
         check_context(model, name, ids.size(1) + max_new_tokens)
@@ -292,6 +295,8 @@ class Decoder(ContinuousBatching):
         self.clock = _Clock(self.lm.device)
         eos = _eos_set(eos_token_id, (model, tokenizer))
         self.rows = _Rows(ids.size(0), max_new_tokens, eos, self.clock, on_tokens)
+        self.matchers = RowMatchers(tokenizer, vocab, eos)  # each row's grammar, if it has one
+        self.constrain([as_constraint(constraint)] * ids.size(0))
         self.scorer = _Target(self.lm, self.ids, self.valid)
         drafter.start(self.ids, self.valid, vocab)
         for stats in self.rows.stats:  # every row took part in the prefills
@@ -332,6 +337,7 @@ class Decoder(ContinuousBatching):
         self.rounds += 1
         going = rows.record(result, self._drafted(proposal, drafts), lm.calls - calls_before[0],
                             drafter.calls - calls_before[1])
+        self.matchers.advance([rows.new[row] for row in rows.active.tolist()])
         # 6. retire finished rows: they leave both caches
         self._retire(going)
         return report
@@ -341,11 +347,19 @@ class Decoder(ContinuousBatching):
         (`needs_prefix`: Transformers' logits processors) are bound to the active rows: each row's
         index and committed tokens (its prompt row as given, left padding included, then its new
         tokens); the drafter and the target then pass the drafts before each position."""
-        if not getattr(self.sampling, "needs_prefix", False):
-            return self.sampling
-        committed = [torch.cat([self.ids[row], self.ids.new_tensor(self.rows.new[row])])
-                     for row in self.rows.active.tolist()]
-        return self.sampling.after(self.rows.active, committed)
+        sampling = self.sampling
+        if getattr(sampling, "needs_prefix", False):
+            committed = [torch.cat([self.ids[row], self.ids.new_tensor(self.rows.new[row])])
+                         for row in self.rows.active.tolist()]
+            sampling = sampling.after(self.rows.active, committed)
+        return self.matchers.bind(sampling) if self.matchers else sampling
+
+    def constrain(self, constraints) -> None:
+        """Rows appended to the batch's grammars (a `Constraint` or None each); once any row has
+        one, the drafter drafts what the grammar forces first (`GrammarDrafter`)."""
+        self.matchers.join(constraints)
+        if self.matchers and not isinstance(self.drafter, (NoDraft, GrammarDrafter)):
+            self.drafter = GrammarDrafter(self.drafter, self.matchers)
 
     def _retire(self, going: torch.Tensor) -> None:
         if going.numel() == self.rows.active.numel():
@@ -355,6 +369,7 @@ class Decoder(ContinuousBatching):
         if self.per_row is not None:
             self.per_row.select(going)
             self.sampling = self.per_row.sampling()
+        self.matchers.select(going)
         if not self.done:
             self.lm.select(going)
             self.drafter.select(going)
@@ -382,7 +397,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
         controller.lockstep = decoder.ids.size(0) > 1
     by_source: dict[str, int] = {}
     while not decoder.done:
-        source = drafter.next_source()
+        source = decoder.drafter.next_source()
         if controller:
             report = decoder.step(*_choose(controller, source, decoder))
         else:
@@ -436,17 +451,18 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
                             temperature: float = 1.0, top_k: int | None = None,
                             top_p: float | None = None, seed: int | None = None,
                             eos_token_id=None, attention_mask=None,
-                            on_tokens=None, sampling=None) -> GenerateOutput:
+                            on_tokens=None, sampling=None, constraint=None) -> GenerateOutput:
     """Plain decoding of the target: one forward pass and one draw from p per output token.
     input_ids[B, L] with an optional attention_mask (left or right padding); `on_tokens` and
-    `sampling` as in `speculative_generate`. Each token is the race over p with the noise of
+    `sampling` and `constraint` as in `speculative_generate`. Each token is the race over p with the noise of
     (row seed, position) (`exactspec.noise`; row b's from (seed, b)), so
     `speculative_generate(..., seed=seed, verify="coupled")` emits the same tokens."""
     check_generation_args(input_ids, max_new_tokens)
     sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling
     return _generate(target, make_drafter(None), input_ids, attention_mask, gamma=0,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                     eos_token_id=eos_token_id, verify="coupled", on_tokens=on_tokens)
+                     eos_token_id=eos_token_id, verify="coupled", on_tokens=on_tokens,
+                     constraint=constraint)
 
 
 @torch.inference_mode()
@@ -454,7 +470,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
                          max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                          top_p: float | None = None, seed: int | None = None,
                          eos_token_id=None, attention_mask=None, verify: str = "block",
-                         on_tokens=None, sampling=None) -> GenerateOutput:
+                         on_tokens=None, sampling=None, constraint=None) -> GenerateOutput:
     """Speculative decoding: each row's output follows the target's decoding distribution exactly.
 
     target: a Hugging Face causal LM or LoadedModel. draft: a model, a model spec, "ngram",
@@ -471,6 +487,9 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
     it may return `EndRow(n)` to end that row after the first n of them (a stopping rule that
     reads only the row's own tokens keeps the output exact). `sampling`, when given, makes p and q instead
     of temperature / top_k / top_p (e.g. `exactspec.hf.Processing`: Transformers' processors).
+    `constraint` (an `exactspec.Constraint`: JSON Schema, any JSON object, regex, Lark grammar)
+    makes every row follow the constrained target (`exactspec.constraints`), drafting first
+    what the grammar forces.
     """
     check_generation_args(input_ids, max_new_tokens, gamma)
     sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling
@@ -479,4 +498,5 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
     drafter = make_drafter(draft, target=target)
     return _generate(target, drafter, input_ids, attention_mask, gamma=gamma,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                     eos_token_id=eos_token_id, verify=verify, on_tokens=on_tokens)
+                     eos_token_id=eos_token_id, verify=verify, on_tokens=on_tokens,
+                     constraint=constraint)

@@ -76,6 +76,13 @@ class AutoDrafter:
         idle.observe(drafted.drafts, num_accepted, next_tokens)
         self.source, self.first = None, False
 
+    def observe(self, drafts: torch.Tensor, num_accepted: torch.Tensor,
+                next_tokens: torch.Tensor) -> None:
+        """A round someone else drafted (the grammar draft's): both drafters learn its tokens."""
+        self.model.observe(drafts, num_accepted, next_tokens)
+        self.lookup.observe(drafts, num_accepted, next_tokens)
+        self.source, self.first = None, False
+
     def evidence(self) -> dict[str, list[tuple[int, int]]]:
         """The lookup's scores of itself against the committed tokens (`NGramDrafter.evidence`)."""
         return self.lookup.evidence()

@@ -1,0 +1,242 @@
+"""Structured output: a JSON Schema, any JSON object, a regular expression or a Lark grammar, as
+the tokens allowed after each prefix (llguidance's matcher).
+
+The **constrained target**: at each position, the target's logits with the tokens the grammar
+does not allow after the row's prefix set to −inf, then the row's settings (temperature, top-k,
+top-p; greedy is the argmax of the allowed tokens). The prefix of a position is the row's
+committed tokens, then the drafts before that position. q is made the same way from the draft's
+logits (the same-processing rule), so the verification rule is unchanged and the output follows
+the constrained target exactly. EOS is allowed where the grammar may end, and is the only token
+allowed once it must.
+
+A row's matcher holds its committed tokens; a position after drafts consumes them, reads the mask
+and rolls them back (`RowMatchers.allowed`), so no rejected draft stays in it. Masks are kept for
+the round: the draft's mask after drafts x_1..x_i is the target's at the same position, computed
+once. A draft the grammar does not allow has p(x) = 0, so it is rejected; the positions after it
+are never kept, and are given the mask at the last allowed prefix (any distribution would do).
+"""
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "lark")
+# JSON as `json.dumps` writes it (", " and ": ", no other whitespace): one layout, so the keys
+# and punctuation of a schema are forced tokens (`RowMatchers.forced`).
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _llguidance():
+    try:
+        import llguidance
+        import llguidance.hf  # noqa: F401  (the tokenizer bridge)
+    except ImportError as error:
+        raise ImportError("constraints need llguidance: pip install llguidance") from error
+    return llguidance
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a row's output must match. kind: "json_schema" (text: the schema as JSON),
+    "json_object" (any JSON object; text ""), "regex" (the whole output matches it) or "lark"
+    (a Lark grammar, llguidance's dialect). Checked when made: a bad one raises ValueError."""
+
+    kind: str
+    text: str = ""
+    grammar: str = field(default="", compare=False, repr=False)  # llguidance's form, made here
+
+    def __post_init__(self):
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f"constraint kind must be one of {CONSTRAINT_KINDS}, got {self.kind!r}")
+        if not isinstance(self.text, str):
+            raise ValueError(f"constraint text must be a string, got {type(self.text).__name__}")
+        object.__setattr__(self, "grammar", _compile(self.kind, self.text))
+
+    @classmethod
+    def json_schema(cls, schema: dict | str) -> "Constraint":
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> "Constraint":
+        return cls("json_object")
+
+    @classmethod
+    def regex(cls, pattern: str) -> "Constraint":
+        return cls("regex", pattern)
+
+    @classmethod
+    def lark(cls, grammar: str) -> "Constraint":
+        return cls("lark", grammar)
+
+    def schema(self) -> dict | None:
+        """The JSON Schema an output must validate against (None for regex and Lark)."""
+        if self.kind == "json_object":
+            return {"type": "object"}
+        return json.loads(self.text) if self.kind == "json_schema" else None
+
+
+def _compile(kind: str, text: str) -> str:
+    """llguidance's grammar for a constraint, validated: ValueError naming the kind otherwise."""
+    matcher = _llguidance().LLMatcher
+    if kind in ("json_schema", "json_object"):
+        try:
+            schema = json.loads(text) if kind == "json_schema" else {"type": "object"}
+        except json.JSONDecodeError as error:
+            raise ValueError(f"json_schema is not valid JSON: {error}") from None
+        if not isinstance(schema, dict):
+            raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+        grammar = matcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+    elif kind == "regex":
+        grammar = matcher.grammar_from_regex(text)
+    else:
+        grammar = matcher.grammar_from_lark(text)
+    problem = matcher.validate_grammar(grammar)
+    if problem:
+        raise ValueError(f"{kind} is not valid: {problem.strip()}")
+    return grammar
+
+
+def as_constraint(value) -> Constraint | None:
+    """A `Constraint`, None, or a dict {"json_schema": ...} / {"regex": ...} / {"lark": ...} /
+    {"json_object": True}."""
+    if value is None or isinstance(value, Constraint):
+        return value
+    if isinstance(value, dict) and len(value) == 1:
+        (kind, text), = value.items()
+        if kind == "json_object":
+            return Constraint.json_object()
+        if kind == "json_schema":
+            return Constraint.json_schema(text)
+        return Constraint(kind, text)
+    raise ValueError(f"constraint must be a Constraint or a dict with one of the keys "
+                     f"{CONSTRAINT_KINDS}, got {value!r}")
+
+
+# One llguidance tokenizer per Hugging Face tokenizer, vocabulary and EOS set (~1 s to build).
+_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def matcher_tokenizer(tokenizer, vocab: int, eos: set[int]):
+    """llguidance's view of a Hugging Face (fast) tokenizer over the first `vocab` token ids."""
+    if tokenizer is None:
+        raise ValueError("a constraint needs the target's tokenizer: pass the model with its "
+                         "tokenizer (a LoadedModel or (model, tokenizer))")
+    known = _TOKENIZERS.setdefault(tokenizer, {})
+    key = (vocab, tuple(sorted(eos)))
+    if key not in known:
+        size = max(vocab, len(tokenizer))
+        known[key] = _llguidance().hf.from_tokenizer(tokenizer, n_vocab=size, eos_token=list(key[1]))
+    return known[key]
+
+
+class RowMatchers:
+    """One llguidance matcher per row of a batch (None for an unconstrained row), in batch order,
+    each holding the tokens its row has committed."""
+
+    def __init__(self, tokenizer, vocab: int, eos: set[int]):
+        self.tokenizer, self.vocab, self.eos = tokenizer, vocab, eos
+        self.rows: list = []  # LLMatcher or None per row
+        self.consumed: list[int] = []  # new tokens each matcher holds
+        self.masks: dict = {}  # (row, drafts before) → bool[V], for the round
+
+    def __bool__(self) -> bool:
+        return any(m is not None for m in self.rows)
+
+    def join(self, constraints) -> None:
+        """Rows appended at the end of the batch, each with its Constraint or None."""
+        constraints = list(constraints)
+        llg = _llguidance() if any(constraints) else None
+        tokenizer = (matcher_tokenizer(self.tokenizer, self.vocab, self.eos)
+                     if any(constraints) else None)
+        for constraint in constraints:
+            self.rows.append(None if constraint is None
+                             else llg.LLMatcher(tokenizer, constraint.grammar, log_level=0))
+            self.consumed.append(0)
+        self.masks = {}
+
+    def select(self, going: torch.Tensor) -> None:
+        keep = going.tolist()
+        self.rows = [self.rows[i] for i in keep]
+        self.consumed = [self.consumed[i] for i in keep]
+        self.masks = {}
+
+    def advance(self, new: list[list[int]]) -> None:
+        """Each row's matcher takes the tokens its row committed since (new[b]: all of them)."""
+        for b, (matcher, tokens) in enumerate(zip(self.rows, new)):
+            if matcher is None or self.consumed[b] == len(tokens):
+                continue
+            fresh = [t for t in tokens[self.consumed[b]:] if t not in self.eos]
+            if fresh and not matcher.consume_tokens(fresh):
+                raise RuntimeError(f"row {b} committed tokens its grammar does not allow: "
+                                   f"{matcher.get_error()}")
+            self.consumed[b] = len(tokens)
+        self.masks = {}
+
+    def forced(self, limit: int) -> list[list[int]]:
+        """Each row's next tokens that its grammar forces (llguidance's fast-forward tokens), at
+        most `limit`; [] for an unconstrained row."""
+        return [[] if m is None else m.compute_ff_tokens()[:limit] for m in self.rows]
+
+    def allowed_prefix(self, b: int, drafts: list[int]) -> int:
+        """How many of `drafts` row b's grammar allows in a row (all of them unconstrained)."""
+        matcher = self.rows[b]
+        return len(drafts) if matcher is None else matcher.validate_tokens(drafts)
+
+    def allowed(self, drafts: torch.Tensor | None, n: int) -> torch.Tensor | None:
+        """bool[b, n, V]: the tokens allowed at each of n positions, position j after the drafts
+        drafts[:, : k − n + 1 + j] (k = drafts.size(1); the last position follows every draft);
+        None when no row is constrained."""
+        if not self:
+            return None
+        k = 0 if drafts is None else drafts.size(1)
+        if k < n - 1:
+            raise ValueError(f"drafts must hold at least n - 1 = {n - 1} tokens per row, got {k}")
+        rows = [[] for _ in self.rows] if drafts is None else drafts.tolist()
+        out = torch.ones(len(self.rows), n, self.vocab, dtype=torch.bool)  # [b, n, V]
+        for b, matcher in enumerate(self.rows):
+            if matcher is not None:
+                for j in range(n):
+                    out[b, j] = self._mask(b, tuple(rows[b][: k - n + 1 + j]))
+        return out
+
+    def _mask(self, b: int, before: tuple[int, ...]) -> torch.Tensor:
+        """bool[V]: what row b's grammar allows after its committed tokens and `before`."""
+        key = (b, before)
+        if key not in self.masks:
+            matcher = self.rows[b]
+            taken = matcher.try_consume_tokens(list(before))  # stops at a token not allowed
+            bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+            matcher.rollback(taken)
+            mask = torch.from_numpy(np.unpackbits(bits, bitorder="little")[: self.vocab].astype(bool))
+            if not mask.any():
+                raise RuntimeError(f"row {b}'s grammar allows no token: {matcher.get_error()}")
+            self.masks[key] = mask
+        return self.masks[key]
+
+    def bind(self, sampling) -> "Masked":
+        """The round's settings with each row's mask applied first."""
+        return Masked(sampling, self)
+
+
+class Masked:
+    """A round's settings (any object with `probs(logits, drafts=...)`) with each row's grammar
+    mask applied to the logits before them: the constrained target's p, or the draft's q."""
+
+    needs_prefix = True
+
+    def __init__(self, sampling, matchers: RowMatchers):
+        self.sampling, self.matchers = sampling, matchers
+
+    def probs(self, logits: torch.Tensor, drafts: torch.Tensor | None = None) -> torch.Tensor:
+        """logits[b, n, V] (or [b, V], n = 1) → probabilities, position j after the drafts
+        drafts[:, : k − n + 1 + j] (see `RowMatchers.allowed`)."""
+        single = logits.dim() == 2
+        scores = logits.unsqueeze(1) if single else logits  # [b, n, V]
+        allowed = self.matchers.allowed(drafts, scores.size(1))  # [b, n, V]
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed.to(scores.device), -torch.inf)  # [b, n, V]
+        return self.sampling.probs(scores[:, 0] if single else scores, drafts=drafts)

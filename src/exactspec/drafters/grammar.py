@@ -1,0 +1,87 @@
+"""The grammar draft: the tokens a constraint forces next, proposed as point-mass drafts, in front
+of any other drafter (which drafts the rounds where the grammar forces nothing)."""
+from __future__ import annotations
+
+import torch
+
+from exactspec.drafters.base import Proposal, drafter_lag
+from exactspec.sampling import SamplingConfig
+
+GRAMMAR = "grammar"  # the source of a round of grammar-forced drafts
+
+
+class GrammarDrafter:
+    """Before each round, from the committed tokens only (the past-only rule): when a row's
+    grammar forces its next tokens (the keys and punctuation of a schema, a closing quote: its
+    matcher's fast-forward tokens), those are the round's drafts (source "grammar", point-mass:
+    the target keeps each with probability p(x) under its mask, exact by the point-mass rule);
+    otherwise `inner` drafts, and its point-mass drafts (prompt lookup) are cut before the first
+    token the row's grammar does not allow (that token could only be rejected). The inner
+    drafter sees a grammar round's tokens afterwards (`observe`), as the auto draft's idle one does.
+    `matchers` (a `constraints.RowMatchers`) is the Decoder's, kept at the committed tokens;
+    `inner` needs `observe(drafts, num_accepted, next_tokens)` (every drafter here has one)."""
+
+    def __init__(self, inner, matchers):
+        self.inner, self.matchers, self.source = inner, matchers, None
+        self.own = False  # whether this round's drafts are ours (forced, or the inner's cut)
+        self.name = inner.name  # timings belong to the model draft; α is kept per source
+
+    calls = property(lambda self: self.inner.calls)
+    tokens_fed = property(lambda self: self.inner.tokens_fed)
+    padding_fed = property(lambda self: self.inner.padding_fed)
+    catch_up = property(lambda self: (0.0, 0) if self.source == GRAMMAR
+                        else getattr(self.inner, "catch_up", (0.0, 0)))
+
+    def bind(self, target, total_tokens: int) -> int:
+        return self.inner.bind(target, total_tokens)
+
+    def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
+        self.inner.start(input_ids, valid, vocab_size)
+
+    def lag(self) -> int:
+        return 0 if self.next_source() == GRAMMAR else drafter_lag(self.inner)
+
+    def next_source(self) -> str:
+        if self.source is None:
+            self.source = GRAMMAR if any(self.matchers.forced(1)) else self.inner.next_source()
+        return self.source
+
+    def propose(self, gamma: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        self.own = True
+        if self.next_source() == GRAMMAR:
+            return self._point_mass(self.matchers.forced(gamma))
+        proposal = self.inner.propose(gamma, sampling, generator)
+        drafts = proposal.tokens.tolist()
+        lengths = proposal.lengths or [len(row) for row in drafts]
+        allowed = [self.matchers.allowed_prefix(b, row[:n])
+                   for b, (row, n) in enumerate(zip(drafts, lengths))]
+        if proposal.q is not None or allowed == lengths:  # model drafts come from a masked q
+            self.own = False
+            return proposal
+        return self._point_mass([row[:n] for row, n in zip(drafts, allowed)])
+
+    def _point_mass(self, rows: list[list[int]]) -> Proposal:
+        """Drafts per row, padded to the longest by repeating a row's last (any deterministic
+        padding is exact; per-row decoding verifies only `lengths`)."""
+        width = max(len(row) for row in rows)
+        padded = [row + [row[-1] if row else 0] * (width - len(row)) for row in rows]
+        self.drafts = torch.tensor(padded, dtype=torch.long).view(len(rows), width)  # [B, γ']
+        return Proposal(self.drafts, None, [len(row) for row in rows])
+
+    def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        if self.own:
+            self.inner.observe(self.drafts, num_accepted, next_tokens)
+        else:
+            self.inner.commit(num_accepted, next_tokens)
+        self.source, self.own = None, False
+
+    def evidence(self) -> dict:
+        return self.inner.evidence() if hasattr(self.inner, "evidence") else {}
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.inner.select(rows)
+
+    def join(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
+        self.inner.join(input_ids, valid)
+        self.source = None
