@@ -18,6 +18,7 @@ Helpers (plain functions, importable as `from conftest import make_tiny_llama, m
 make_tiny_llama(seed=0, vocab_size=32, num_layers=2, ...)  any tiny Llama; `vocab_size` larger
                       than the tokenizer's 32 gives a padded output layer.
 make_tiny_tokenizer(n_words=29)                            a tokenizer of 3 + n_words tokens.
+make_grammar_tokenizer()                                   a 32-token byte-level BPE one (constraints).
 """
 from __future__ import annotations
 
@@ -85,6 +86,25 @@ def make_tiny_tokenizer(n_words: int = TINY_VOCAB - len(TINY_SPECIALS), *, prefi
                                         eos_token="</s>", pad_token="</s>")
     tokenizer.chat_template = TINY_CHAT_TEMPLATE
     return tokenizer
+
+
+GRAMMAR_TOKENS = (*TINY_SPECIALS, *'abcdefgh{}[]":, 0123456789', "ab", '{"', '":')
+
+
+def make_grammar_tokenizer():
+    """A 32-token byte-level BPE tokenizer for constraints (llguidance reads its bytes): <unk>
+    <s> </s>, then the characters a-h { } [ ] " : , space 0-9, then the merges "ab", '{"' and
+    '":' (so some texts have two tokenizations, as with a real vocabulary)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token.replace(" ", "Ġ"): i for i, token in enumerate(GRAMMAR_TOKENS)}
+    merges = [("a", "b"), ("{", '"'), ('"', ":")]
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="</s>")
 
 
 @pytest.fixture

@@ -149,6 +149,9 @@ class RowMatchers:
     def join(self, constraints) -> None:
         """Rows appended at the end of the batch, each with its Constraint or None."""
         constraints = list(constraints)
+        if any(constraints) and not self.eos:
+            raise ValueError("a constraint needs an end-of-sequence token to end on: eos_token_id "
+                             "is empty")
         llg = _llguidance() if any(constraints) else None
         tokenizer = (matcher_tokenizer(self.tokenizer, self.vocab, self.eos)
                      if any(constraints) else None)

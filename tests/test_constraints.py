@@ -1,0 +1,363 @@
+"""Constraints (`exactspec.constraints`): the constrained target — p masked to the tokens the
+grammar allows after each prefix, the drafts before a position included — kept exactly with
+every draft. Checked by enumeration in float64 against masks from fresh matchers, by chi-square
+of whole generations on tiny models, by token identity with plain constrained decoding, and by
+breaking the rule on purpose (the same checks go red)."""
+import itertools
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import exactspec as es
+from conftest import ALPHA, chi_square_pvalue, make_grammar_tokenizer, make_tiny_llama
+from exactspec.batching import RowSettings
+from exactspec.constraints import Constraint, Masked, RowMatchers, as_constraint, matcher_tokenizer
+from exactspec.drafters import NGramDrafter
+from exactspec.engine import Decoder, pad_prompts
+from exactspec.models import LoadedModel
+from exactspec.sampling import SamplingConfig, probs_from_logits
+from exactspec.verify import next_token_weights, stop_distribution
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+EOS, V = 2, 32
+TOKENIZER = make_grammar_tokenizer()
+ID = {token: i for i, token in enumerate(TOKENIZER.convert_ids_to_tokens(list(range(V))))}
+JSONISH = r'\{"ab": [a-c][d-f]+\}'  # four forced tokens: {" ab ": and a space
+GRAMMARS = {"jsonish": Constraint.regex(JSONISH),
+            "short": Constraint.regex("[a-c]{1,2}")}  # EOS allowed after one character
+COMMITTED = {"jsonish": [(), (ID['{"'], ID["ab"])], "short": [(), (ID["a"],)]}
+SETTINGS = {"T1": dict(temperature=1.0), "T0.7-top3": dict(temperature=0.7, top_k=3),
+            "greedy": dict(temperature=0.0)}
+
+
+# --------------------------------------------------------------------------- the constraint
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Constraint("xml", "<a/>"), "constraint kind must be one of"),
+    (lambda: Constraint.regex("[a-"), "regex is not valid"),
+    (lambda: Constraint.json_schema("{not json"), "json_schema is not valid JSON"),
+    (lambda: Constraint.json_schema("[1, 2]"), "json_schema must be a JSON object"),
+    (lambda: Constraint.json_schema({"type": "objectx"}), "json_schema is not valid"),
+    (lambda: Constraint.lark("start: x"), "lark is not valid"),
+    (lambda: as_constraint({"yaml": "a: 1"}), "constraint kind must be one of"),
+    (lambda: as_constraint("a+"), "constraint must be a Constraint or a dict"),
+])
+def test_bad_constraints_name_what_is_wrong(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_constraints_are_values():
+    """Equal constraints are equal and hash alike (rows sharing settings are grouped)."""
+    assert Constraint.json_schema({"type": "integer"}) == as_constraint({"json_schema": {"type": "integer"}})
+    assert len({Constraint.regex("a+"), Constraint.regex("a+"), Constraint.json_object()}) == 2
+    assert Constraint.json_object().schema() == {"type": "object"}
+
+
+# --------------------------------------------------------------------------- enumeration in float64
+
+
+def allowed_by_fresh_matcher(constraint, prefix):
+    """bool[V]: llguidance's mask after prefix, from a matcher made afresh that consumed exactly
+    prefix (no rollback, no cache, read bit by bit); after EOS only EOS (the row has ended).
+    llguidance's mask is the definition: where the grammar forces bytes it allows only their
+    canonical tokens (after nothing, the jsonish grammar allows '{"' but not '{')."""
+    from llguidance import LLMatcher
+
+    if EOS in prefix:
+        return torch.arange(V) == EOS
+    matcher = LLMatcher(matcher_tokenizer(TOKENIZER, V, {EOS}), constraint.grammar, log_level=0)
+    if not matcher.consume_tokens(list(prefix)):
+        return None  # prefix breaks the grammar (only a broken rule emits one)
+    bits = matcher.compute_bitmask()
+    return torch.tensor([bool(bits[t // 8] >> (t % 8) & 1) for t in range(V)])
+
+
+class Logits:
+    """Float64 logits that depend on the whole prefix, the same for the same (seed, prefix)."""
+
+    def __init__(self, seed):
+        self.seed = seed
+
+    def __call__(self, prefix):
+        gen = torch.Generator().manual_seed(hash((self.seed, *prefix)) % 2**63)  # ints hash alike in every run
+        return 2.5 * torch.randn(V, generator=gen, dtype=torch.float64)
+
+
+def constrained_p(logits, constraint, prefix, settings):
+    """The constrained target's p after prefix, from a fresh matcher's mask."""
+    allowed = None if -1 in prefix else allowed_by_fresh_matcher(constraint, prefix)
+    if allowed is None:  # an outcome the constrained target never has: -1 marks it
+        return torch.zeros(V + 1, dtype=torch.float64).index_fill_(0, torch.tensor([V]), 1.0)
+    return probs_from_logits(logits(prefix).masked_fill(~allowed, -math.inf), **settings)
+
+
+def continue_with(logits, constraint, prefix, length, settings):
+    """{tokens: probability} of the next `length` tokens after prefix under the constrained target."""
+    joint = {(): 1.0}
+    for _ in range(length):
+        grown = {}
+        for seq, prob in joint.items():
+            p = constrained_p(logits, constraint, prefix + seq, settings)
+            for y in p.nonzero().flatten().tolist():
+                grown[seq + (-1 if y == V else y,)] = prob * p[y].item()
+        joint = grown
+    return joint
+
+
+def blocks_from_q(q_after, gamma):
+    """Every draft block of length γ with its probability Π q_i(x_i), and its q [γ, V]."""
+    found = [((), 1.0, [])]
+    for _ in range(gamma):
+        grown = []
+        for block, weight, qs in found:
+            q = q_after(block)
+            grown += [(block + (x,), weight * q[x].item(), qs + [q]) for x in q.nonzero().flatten().tolist()]
+        found = grown
+    return [(block, weight, torch.stack(qs).unsqueeze(0)) for block, weight, qs in found]
+
+
+def round_outcomes(constraint, committed, gamma, verify, settings, drafts, p_masked=True, q_masked=True):
+    """(probability, emitted tokens) of every outcome of one library round after `committed`:
+    q and p made by the library's `Masked` (as the drafter and the target make them), τ's exact
+    law and the next token's weights from `exactspec.verify`. drafts: "q" (sampled from q),
+    "forced" (the grammar's forced tokens, point-mass) or "lookup" (a point-mass block that
+    breaks the grammar at its second token)."""
+    target, draft = Logits(0), Logits(1)
+    matchers = RowMatchers(TOKENIZER, V, {EOS})
+    matchers.join([constraint])
+    matchers.advance([list(committed)])
+    base = SamplingConfig(**settings)
+    masked = Masked(base, matchers)
+    make_q = masked if q_masked else base
+    make_p = masked if p_masked else base
+
+    def q_after(block):
+        return make_q.probs(draft(committed + block).view(1, V), drafts=torch.tensor([block]).view(1, -1))[0]
+
+    if drafts == "q":
+        blocks = blocks_from_q(q_after, gamma)
+    elif drafts == "forced":
+        blocks = [(tuple(matchers.forced(gamma)[0]), 1.0, None)]
+    else:
+        first = allowed_by_fresh_matcher(constraint, committed).nonzero()[0].item()
+        blocks = [((first, ID["h"], *[ID["a"]] * (gamma - 2))[:gamma], 1.0, None)]
+    for block, weight, q in blocks:
+        k = len(block)
+        scores = torch.stack([target(committed + block[:j]) for j in range(k + 1)]).unsqueeze(0)  # [1, k+1, V]
+        tokens = torch.tensor([block], dtype=torch.long).view(1, k)  # [1, k]
+        p = make_p.probs(scores, drafts=tokens)  # [1, k+1, V]
+        law = stop_distribution(tokens, q, p, verify)[0]  # [k+1]
+        for tau in range(k + 1):
+            if law[tau] > 0:
+                nxt = next_token_weights(tokens, q, p, torch.tensor([tau]), verify)[0]  # [V]
+                for y in nxt.nonzero().flatten().tolist():
+                    yield weight * law[tau].item() * (nxt[y] / nxt.sum()).item(), block[:tau] + (y,)
+
+
+def round_then_target(constraint, committed, gamma, verify, settings, drafts, **breaks):
+    """Distribution of the next γ+1 tokens: one library round, then the constrained target (a
+    row that emitted EOS stays at EOS: the engine ends it there)."""
+    target, dist = Logits(0), {}
+    for prob, emitted in round_outcomes(constraint, committed, gamma, verify, settings, drafts, **breaks):
+        if EOS in emitted:
+            emitted = emitted[: emitted.index(EOS) + 1]
+        rest = continue_with(target, constraint, committed + emitted, gamma + 1 - len(emitted), settings)
+        for tail, tail_prob in rest.items():
+            dist[emitted + tail] = dist.get(emitted + tail, 0.0) + prob * tail_prob
+    return dist
+
+
+def worst_gap(constraint, committed, gamma, verify, settings, drafts, **breaks):
+    got = round_then_target(constraint, committed, gamma, verify, settings, drafts, **breaks)
+    want = continue_with(Logits(0), constraint, committed, gamma + 1, settings)
+    return max(abs(got.get(k, 0.0) - want.get(k, 0.0)) for k in got.keys() | want.keys())
+
+
+ENUMERATED = [(name, committed, gamma, verify, drafts)
+              for name in GRAMMARS for committed in COMMITTED[name] for gamma in (1, 2, 3)
+              for verify in ("token", "block") for drafts in ("q", "forced", "lookup")]
+
+
+@pytest.mark.parametrize("settings", sorted(SETTINGS))
+@pytest.mark.parametrize("name, committed, gamma, verify, drafts", ENUMERATED)
+def test_round_keeps_the_constrained_target_exactly(name, committed, gamma, verify, drafts, settings):
+    """One round with masked p and q, then the constrained target: the joint of the next γ+1
+    tokens equals the constrained target's to 1e-12, for drafts from q, grammar-forced
+    point-mass drafts and lookup drafts that break the grammar."""
+    assert worst_gap(GRAMMARS[name], committed, gamma, verify, SETTINGS[settings], drafts) < 1e-12
+
+
+BROKEN = [("jsonish", (), 2, "block", "q"), ("short", (), 2, "token", "q")]
+
+
+@pytest.mark.parametrize("name, committed, gamma, verify, drafts", BROKEN)
+def test_masking_q_but_not_p_goes_red(name, committed, gamma, verify, drafts):
+    assert worst_gap(GRAMMARS[name], committed, gamma, verify, SETTINGS["T1"], drafts,
+                     p_masked=False) > 1e-3
+
+
+@pytest.mark.parametrize("name, committed, gamma, verify, drafts",
+                         [("jsonish", (), 2, "block", "q"), ("short", (), 1, "token", "q")])
+def test_masking_p_but_not_q_stays_exact(name, committed, gamma, verify, drafts):
+    """The rule is exact for any q: masking q only saves drafts the grammar would reject."""
+    assert worst_gap(GRAMMARS[name], committed, gamma, verify, SETTINGS["T1"], drafts,
+                     q_masked=False) < 1e-12
+
+
+def forgetful_mask(self, b, before):
+    """`RowMatchers._mask` without the rollback: the drafts stay in the matcher."""
+    key = (b, before)
+    if key not in self.masks:
+        matcher = self.rows[b]
+        matcher.try_consume_tokens(list(before))
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        mask = torch.from_numpy(np.unpackbits(bits, bitorder="little")[: self.vocab].astype(bool))
+        self.masks[key] = mask if mask.any() else torch.ones(self.vocab, dtype=torch.bool)
+    return self.masks[key]
+
+
+def masks_at_the_committed_prefix(self, drafts, n):
+    """`RowMatchers.allowed` reading no drafts: every position gets the mask after the committed tokens."""
+    return torch.stack([self._mask(0, ())] * n).unsqueeze(0)
+
+
+@pytest.mark.parametrize("broken", [forgetful_mask, masks_at_the_committed_prefix],
+                         ids=["no-rollback", "drafts-ignored"])
+def test_broken_masks_go_red(monkeypatch, broken):
+    monkeypatch.setattr(RowMatchers, "_mask" if broken is forgetful_mask else "allowed", broken)
+    assert worst_gap(GRAMMARS["jsonish"], (), 3, "block", SETTINGS["T1"], "q") > 1e-3
+
+
+def test_forced_tokens_and_masks():
+    """The jsonish grammar forces {" ab ": and a space; where bytes are forced the mask allows
+    only their tokens, so a forced draft is kept with probability 1. An unconstrained row allows
+    everything."""
+    matchers = RowMatchers(TOKENIZER, V, {EOS})
+    matchers.join([GRAMMARS["jsonish"], None])
+    assert matchers.forced(8) == [[ID['{"'], ID["ab"], ID['":'], ID["Ġ"]], []]
+    first = matchers.allowed(None, 1)  # [2, 1, V]
+    assert first[0, 0].nonzero().flatten().tolist() == [ID['{"']]
+    assert first[1].all()
+    assert matchers.allowed_prefix(0, [ID['{"'], ID["ab"], ID["h"]]) == 2
+
+
+# --------------------------------------------------------------------------- whole generations
+
+
+def grammar_pair():
+    cpu = torch.device("cpu")
+    return (LoadedModel(make_tiny_llama(seed=0), TOKENIZER, "tiny-grammar-target", torch.float32, cpu),
+            LoadedModel(make_tiny_llama(seed=1, num_layers=1), TOKENIZER, "tiny-grammar-draft",
+                        torch.float32, cpu))
+
+
+PROMPT = [1] + TOKENIZER.encode('{"ab": ce}{"ab": af}')  # a lookup has something to copy
+
+
+def model_joint(target, constraint, length, settings):
+    """The constrained target's exact joint of the first `length` new tokens after PROMPT."""
+    joint = {(): 1.0}
+    for _ in range(length):
+        grown = {}
+        for seq, prob in joint.items():
+            with torch.no_grad():
+                logits = target.model(torch.tensor([PROMPT + list(seq)])).logits[0, -1].double()
+            allowed = allowed_by_fresh_matcher(constraint, seq)
+            p = probs_from_logits(logits.masked_fill(~allowed, -math.inf), **settings)
+            grown.update({seq + (y,): prob * p[y].item() for y in p.nonzero().flatten().tolist()})
+        joint = grown
+    return joint
+
+
+@pytest.mark.parametrize("kind, verify", [("model", "block"), ("ngram", "token"), ("auto", "block"),
+                                          ("model", "coupled")])
+def test_constrained_generations_follow_the_constrained_target(kind, verify):
+    """The first 6 new tokens of 1,500 rows (γ = 2; the first four are grammar drafts) follow
+    the constrained target's enumerated joint (chi-square, α = 1e-6), and every row matches."""
+    target, draft = grammar_pair()
+    drafter = {"model": draft, "ngram": NGramDrafter(), "auto": "auto:tiny"}[kind]
+    if kind == "auto":
+        drafter = es.drafters.AutoDrafter(es.drafters.ModelDrafter(draft))
+    rows = 1500
+    out = es.speculative_generate(target, drafter, torch.tensor([PROMPT] * rows), gamma=2,
+                                  max_new_tokens=6, seed=7, verify=verify, temperature=1.0,
+                                  constraint=GRAMMARS["jsonish"])
+    counts = {}
+    for row in out.sequences:
+        key = tuple(row[len(PROMPT): len(PROMPT) + 6].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    assert out.rounds_by_source.get("grammar", 0) >= 1 and out.stats.accepted_drafts > rows
+    joint = model_joint(target, GRAMMARS["jsonish"], 6, dict(temperature=1.0))
+    assert chi_square_pvalue(counts, joint) > ALPHA
+
+
+def decoded(out, prompt_lengths):
+    rows = out.sequences if isinstance(out.sequences, list) else list(out.sequences)
+    return [TOKENIZER.decode([t for t in row[n:].tolist() if t != EOS]) for row, n in zip(rows, prompt_lengths)]
+
+
+DRAFTS = {"model": lambda draft: draft, "ngram": lambda draft: "ngram",
+          "auto": lambda draft: es.drafters.AutoDrafter(es.drafters.ModelDrafter(draft))}
+
+
+@pytest.mark.parametrize("kind", sorted(DRAFTS))
+@pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(temperature=0.8, top_k=8)],
+                         ids=["greedy", "T0.8-coupled"])
+def test_constrained_speculative_output_is_plain_constrained_decoding(kind, settings):
+    """Token for token, for γ 1, 4, 16 and auto, over a ragged batch: greedy speculative
+    decoding equals greedy plain decoding under the constraint, and seeded coupled decoding
+    equals seeded plain decoding; every finished row matches the grammar."""
+    target, draft = grammar_pair()
+    prompts = [torch.tensor(PROMPT[: 4 + 3 * i]) for i in range(4)]
+    input_ids, mask = pad_prompts(prompts)
+    constraint = GRAMMARS["jsonish"]
+    plain = es.autoregressive_generate(target, input_ids, attention_mask=mask, max_new_tokens=16,
+                                       seed=11, constraint=constraint, **settings)
+    verify = "coupled" if settings["temperature"] else "block"
+    for gamma in (1, 4, 16, "auto"):
+        out = es.speculative_generate(target, DRAFTS[kind](draft), input_ids, attention_mask=mask,
+                                      gamma=gamma, max_new_tokens=16, seed=11, verify=verify,
+                                      constraint=constraint, **settings)
+        assert [r.tolist() for r in out.sequences] == [r.tolist() for r in plain.sequences], gamma
+    texts = decoded(plain, [len(p) for p in prompts])
+    finished = [t for t, row in zip(texts, plain.row_stats) if row.output_tokens < 16]
+    assert finished and all(re.fullmatch(JSONISH, t) for t in finished)
+
+
+def start(target, drafter, prompts, settings):
+    """A per-row Decoder over `prompts` (its EOS the tokenizer's, which the grammars end with)."""
+    ids, mask = pad_prompts([torch.tensor(p) for p in prompts])
+    decoder = Decoder(target, drafter, ids, mask, max_new_tokens=max(s.max_new_tokens for s in settings),
+                      sampling=SamplingConfig(), seed=None, eos_token_id=None, verify="block",
+                      on_tokens=None)
+    decoder.use_row_settings(settings)
+    return decoder
+
+
+def test_per_row_constraints_with_rows_joining():
+    """Per-row decoding (the server's): a constrained row, an unconstrained one, and a
+    constrained row joining after the first round each get the text they get alone."""
+    from test_continuous import join
+
+    target, draft = grammar_pair()
+    settings = [RowSettings(max_new_tokens=14, temperature=0.8, seed=s, gamma=3, verify="coupled",
+                            constraint=c) for s, c in ((1, GRAMMARS["jsonish"]), (2, None), (3, GRAMMARS["short"]))]
+    alone = []
+    for row in settings:
+        decoder = start(target, NGramDrafter(), [PROMPT], [row])
+        while not decoder.done:
+            decoder.step(3)
+        alone.append(decoder.rows.new[0])
+    decoder = start(target, NGramDrafter(), [PROMPT, PROMPT], settings[:2])
+    decoder.step(3)
+    join(decoder, [PROMPT], settings[2:])
+    while not decoder.done:
+        decoder.step(3)
+    assert decoder.rows.new == alone
+    assert re.fullmatch("[a-c]{1,2}", TOKENIZER.decode([t for t in alone[2] if t != EOS]))
