@@ -18,7 +18,7 @@ Helpers (plain functions, importable as `from conftest import make_tiny_llama, m
 make_tiny_llama(seed=0, vocab_size=32, num_layers=2, ...)  any tiny Llama; `vocab_size` larger
                       than the tokenizer's 32 gives a padded output layer.
 make_tiny_tokenizer(n_words=29)                            a tokenizer of 3 + n_words tokens.
-make_grammar_tokenizer()                                   a 32-token byte-level BPE one (constraints).
+make_grammar_tokenizer()                                   a 40-token byte-level BPE one (constraints).
 """
 from __future__ import annotations
 
@@ -88,13 +88,15 @@ def make_tiny_tokenizer(n_words: int = TINY_VOCAB - len(TINY_SPECIALS), *, prefi
     return tokenizer
 
 
-GRAMMAR_TOKENS = (*TINY_SPECIALS, *'abcdefgh{}[]":, 0123456789', "ab", '{"', '":')
+GRAMMAR_TOKENS = (*TINY_SPECIALS, *'abcdefghlnrstu{}[]":, .-0123456789', "ab", '{"', '":')
+GRAMMAR_VOCAB = len(GRAMMAR_TOKENS)  # 40
 
 
 def make_grammar_tokenizer():
-    """A 32-token byte-level BPE tokenizer for constraints (llguidance reads its bytes): <unk>
-    <s> </s>, then the characters a-h { } [ ] " : , space 0-9, then the merges "ab", '{"' and
-    '":' (so some texts have two tokenizations, as with a real vocabulary)."""
+    """A 40-token byte-level BPE tokenizer for constraints (llguidance reads its bytes): <unk>
+    <s> </s>, then the characters a-h l n r s t u { } [ ] " : , space . - 0-9 (enough to spell
+    any JSON: true, false, null), then the merges "ab", '{"' and '":' (so some texts have two
+    tokenizations, as with a real vocabulary). For models of vocab_size GRAMMAR_VOCAB."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import exactspec as es
-from conftest import ALPHA, chi_square_pvalue, make_grammar_tokenizer, make_tiny_llama
+from conftest import ALPHA, GRAMMAR_VOCAB, chi_square_pvalue, make_grammar_tokenizer, make_tiny_llama
 from exactspec.batching import RowSettings
 from exactspec.constraints import Constraint, Masked, RowMatchers, as_constraint, matcher_tokenizer
 from exactspec.drafters import NGramDrafter
@@ -23,7 +23,7 @@ from exactspec.verify import next_token_weights, stop_distribution
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-EOS, V = 2, 32
+EOS, V = 2, GRAMMAR_VOCAB
 TOKENIZER = make_grammar_tokenizer()
 ID = {token: i for i, token in enumerate(TOKENIZER.convert_ids_to_tokens(list(range(V))))}
 JSONISH = r'\{"ab": [a-c][d-f]+\}'  # four forced tokens: {" ab ": and a space
@@ -252,9 +252,9 @@ def test_forced_tokens_and_masks():
 
 def grammar_pair():
     cpu = torch.device("cpu")
-    return (LoadedModel(make_tiny_llama(seed=0), TOKENIZER, "tiny-grammar-target", torch.float32, cpu),
-            LoadedModel(make_tiny_llama(seed=1, num_layers=1), TOKENIZER, "tiny-grammar-draft",
-                        torch.float32, cpu))
+    make = lambda seed, layers: make_tiny_llama(seed=seed, num_layers=layers, vocab_size=V)
+    return (LoadedModel(make(0, 2), TOKENIZER, "tiny-grammar-target", torch.float32, cpu),
+            LoadedModel(make(1, 1), TOKENIZER, "tiny-grammar-draft", torch.float32, cpu))
 
 
 PROMPT = [1] + TOKENIZER.encode('{"ab": ce}{"ab": af}')  # a lookup has something to copy
@@ -297,11 +297,6 @@ def test_constrained_generations_follow_the_constrained_target(kind, verify):
     assert chi_square_pvalue(counts, joint) > ALPHA
 
 
-def decoded(out, prompt_lengths):
-    rows = out.sequences if isinstance(out.sequences, list) else list(out.sequences)
-    return [TOKENIZER.decode([t for t in row[n:].tolist() if t != EOS]) for row, n in zip(rows, prompt_lengths)]
-
-
 DRAFTS = {"model": lambda draft: draft, "ngram": lambda draft: "ngram",
           "auto": lambda draft: es.drafters.AutoDrafter(es.drafters.ModelDrafter(draft))}
 
@@ -312,7 +307,7 @@ DRAFTS = {"model": lambda draft: draft, "ngram": lambda draft: "ngram",
 def test_constrained_speculative_output_is_plain_constrained_decoding(kind, settings):
     """Token for token, for γ 1, 4, 16 and auto, over a ragged batch: greedy speculative
     decoding equals greedy plain decoding under the constraint, and seeded coupled decoding
-    equals seeded plain decoding; every finished row matches the grammar."""
+    equals seeded plain decoding; every row is a prefix of a match, and a whole one where it ended."""
     target, draft = grammar_pair()
     prompts = [torch.tensor(PROMPT[: 4 + 3 * i]) for i in range(4)]
     input_ids, mask = pad_prompts(prompts)
@@ -325,9 +320,11 @@ def test_constrained_speculative_output_is_plain_constrained_decoding(kind, sett
                                       gamma=gamma, max_new_tokens=16, seed=11, verify=verify,
                                       constraint=constraint, **settings)
         assert [r.tolist() for r in out.sequences] == [r.tolist() for r in plain.sequences], gamma
-    texts = decoded(plain, [len(p) for p in prompts])
-    finished = [t for t, row in zip(texts, plain.row_stats) if row.output_tokens < 16]
-    assert finished and all(re.fullmatch(JSONISH, t) for t in finished)
+    for row, prompt, stats in zip(plain.sequences, prompts, plain.row_stats):
+        new = row[len(prompt):].tolist()
+        assert allowed_by_fresh_matcher(constraint, tuple(new[:-1])) is not None  # a prefix of a match
+        if stats.output_tokens < 16:  # ended: at EOS, with a whole match
+            assert new[-1] == EOS and re.fullmatch(JSONISH, TOKENIZER.decode(new[:-1]))
 
 
 def start(target, drafter, prompts, settings):

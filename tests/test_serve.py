@@ -345,3 +345,80 @@ def test_bundled_model_greedy_chat_equals_generate(capsys):
         assert reply == generate_cli(capsys, BUNDLED_MODEL, "none", question, "--chat")
     finally:
         srv.close()
+
+
+# --------------------------------------------------------------------------- response_format
+
+SCHEMA = {"type": "object", "properties": {"ab": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "cd": {"type": "string", "maxLength": 3}},
+          "required": ["ab", "cd"], "additionalProperties": False}
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "pair", "schema": SCHEMA, "strict": True}}
+
+
+@pytest.fixture(scope="module")
+def grammar_server(tmp_path_factory):
+    """The server on tiny models whose tokenizer llguidance reads (byte-level BPE), prompt
+    lookup as the draft (the grammar drafts what it forces)."""
+    from conftest import GRAMMAR_VOCAB, make_grammar_tokenizer, make_tiny_llama
+
+    folder = tmp_path_factory.mktemp("grammar-target")
+    make_tiny_llama(0, vocab_size=GRAMMAR_VOCAB).save_pretrained(folder)
+    make_grammar_tokenizer().save_pretrained(folder)
+    srv = Server(ServeConfig(target=str(folder), draft="ngram", gamma="auto", model_name="tiny"))
+    yield srv, str(folder)
+    srv.close()
+
+
+def test_response_format_json_schema(grammar_server, tmp_path, capsys):
+    """Greedy, seeded and streamed replies to a json_schema request validate against the schema;
+    the greedy one is `exactspec generate --json-schema` with plain decoding; requests are counted."""
+    jsonschema = pytest.importorskip("jsonschema")
+    srv, folder = grammar_server
+    before = srv.metric("exactspec:request_constrained_total", '{kind="json_schema"}')
+    call = lambda **kw: srv.client.completions.create(  # (legacy completions: response_format as extra_body)
+        model="tiny", prompt='{"ab": 1', max_tokens=40, extra_body={"response_format": JSON_SCHEMA}, **kw)
+    greedy = call(temperature=0).choices[0].text
+    sampled = [call(temperature=1.0, seed=seed).choices[0].text for seed in range(4)]
+    streamed = "".join(c.choices[0].text for c in call(temperature=1.0, seed=0, stream=True))
+    assert streamed == sampled[0]
+    for text in [greedy, *sampled]:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
+    assert main(["generate", '{"ab": 1', "--target", folder, "--draft", "none", "--json",
+                 "--temperature", "0", "--max-new-tokens", "40", "--json-schema",
+                 str(tmp_path / "schema.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == greedy
+    after = srv.metric("exactspec:request_constrained_total", '{kind="json_schema"}')
+    assert after == before + 6
+
+
+def test_response_format_json_object(grammar_server):
+    srv, _ = grammar_server
+    replies = [srv.client.completions.create(model="tiny", prompt="ab", max_tokens=60, seed=seed,
+                                             extra_body={"response_format": {"type": "json_object"}}).choices[0]
+               for seed in range(4)]
+    assert all(reply.text.startswith("{") for reply in replies)
+    finished = [reply.text for reply in replies if reply.finish_reason == "stop"]
+    assert finished and all(isinstance(json.loads(text), dict) for text in finished)
+
+
+@pytest.mark.parametrize("response_format, param", [
+    ({"type": "yaml"}, "response_format"),
+    ({"type": "json_schema"}, "response_format.json_schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}},
+     "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}, "response_format.json_schema"),
+])
+def test_bad_response_formats_get_openai_errors(grammar_server, response_format, param):
+    srv, _ = grammar_server
+    response = httpx.post(srv.url + "/v1/completions", timeout=30,
+                          json={"prompt": "ab", "response_format": response_format})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param and response.json()["error"]["message"]
+
+
+def test_response_format_needs_a_tokenizer_llguidance_reads(server):
+    """The word-level tiny tokenizer has no byte-level decoder: a 400 naming response_format."""
+    response = httpx.post(server.url + "/v1/completions", timeout=30,
+                          json={"prompt": PROMPT, "response_format": {"type": "json_object"}})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "response_format"

@@ -96,7 +96,9 @@ def _compile(kind: str, text: str) -> str:
         grammar = matcher.grammar_from_lark(text)
     problem = matcher.validate_grammar(grammar)
     if problem:
-        raise ValueError(f"{kind} is not valid: {problem.strip()}")
+        lines = problem.strip().splitlines()  # llguidance's first line, and its "error:" lines
+        said = [lines[0], *(line.strip() for line in lines[1:] if line.strip().startswith("error:"))]
+        raise ValueError(f"{kind} is not valid: {'; '.join(said)}")
     return grammar
 
 

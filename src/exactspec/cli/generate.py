@@ -5,6 +5,7 @@ import argparse
 import math
 import sys
 import time
+from pathlib import Path
 
 from exactspec.cli.common import CliError, print_json, print_table, read_prompts, start_tp
 from exactspec.controller import MAX_GAMMA
@@ -37,6 +38,12 @@ def register(subparsers) -> None:
                           f"'none' (plain decoding) (default: {DEFAULT_DRAFT})")
     gen.add_argument("--draft-dtype", choices=("float32", "bfloat16", "float16"),
                      help="load the draft in this dtype (overrides @DTYPE in --draft)")
+    shape = gen.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE",
+                       help="the output is JSON valid against the JSON Schema in FILE")
+    shape.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    shape.add_argument("--regex", metavar="RE", help="the whole output matches the regular expression")
+    shape.add_argument("--grammar", metavar="FILE", help="the output follows the Lark grammar in FILE")
     gen.add_argument("--stream", action="store_true", help="print text as rounds finish")
     gen.add_argument("--tp", action="store_true",
                      help="split the target over the ranks of `torchrun --nproc-per-node N` "
@@ -121,12 +128,30 @@ class TextStream:
             self.printed = text
 
 
+def _constraint(args):
+    """The Constraint of --json-schema / --json-object / --regex / --grammar, or None."""
+    from exactspec.constraints import Constraint
+
+    for option, kind in (("json_schema", "json_schema"), ("regex", "regex"), ("grammar", "lark")):
+        value = getattr(args, option, None)
+        if value is None:
+            continue
+        flag = "--" + option.replace("_", "-")
+        try:
+            text = value if option == "regex" else Path(value).read_text()
+            return Constraint(kind, text)
+        except (OSError, ValueError, ImportError) as err:
+            raise CliError(f"{flag}: {err}") from None
+    return Constraint.json_object() if getattr(args, "json_object", False) else None
+
+
 def _generate(target, draft, input_ids, args, on_tokens=None, attention_mask=None):
     from exactspec.engine import autoregressive_generate, speculative_generate
 
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                     top_k=getattr(args, "top_k", None), top_p=getattr(args, "top_p", None),
-                    seed=args.seed, on_tokens=on_tokens, attention_mask=attention_mask)
+                    seed=args.seed, on_tokens=on_tokens, attention_mask=attention_mask,
+                    constraint=getattr(args, "constraint", None))
     if draft is None:
         return autoregressive_generate(target, input_ids, **sampling)
     return speculative_generate(target, draft, input_ids, gamma=args.gamma,
@@ -152,6 +177,7 @@ def run_generate(args) -> int:
         raise CliError("give a prompt (or several, or --prompts FILE)")
     if args.stream and len(prompts) > 1:
         raise CliError(f"--stream works with one prompt, got {len(prompts)}")
+    args.constraint = _constraint(args)
     tp = start_tp("--tp") if args.tp else None  # the number of ranks
     target = _load(args.target, tp=args.tp)
     draft = _draft(args.draft, target, args.draft_dtype)
@@ -165,9 +191,13 @@ def run_generate(args) -> int:
         new_ids = sequence[length:].tolist()
         results.append({"prompt": prompt, "token_ids": new_ids, "stats": stats.to_dict(),
                         "text": target.tokenizer.decode(new_ids, skip_special_tokens=True)})
+        if args.constraint is not None and len(new_ids) >= args.max_new_tokens:
+            _log(f"warning: a row stopped at --max-new-tokens {args.max_new_tokens} before its "
+                 "constraint could end; raise --max-new-tokens for a complete output")
     if args.json:
         head = {"target": target.spec, "draft": _draft_name(draft), "gamma": args.gamma,
-                "verify": args.verify, **({"tp": tp} if tp else {})}
+                "verify": args.verify, **({"tp": tp} if tp else {}),
+                **({"constraint": args.constraint.kind} if args.constraint else {})}
         if len(results) == 1:
             print_json({**head, **results[0]})
         else:

@@ -210,9 +210,26 @@ def _settings(state: ServerState, params: Params, prompt_tokens: int) -> RowSett
                             f"{prompt_tokens + max_tokens} were requested ({prompt_tokens} in the "
                             f"{field}, {max_tokens} to generate)", param=field,
                        code="context_length_exceeded")
+    if params.constraint is not None:
+        _check_constrainable(state)
     gamma = state.config.gamma if params.gamma is None else params.gamma
     return RowSettings(max_new_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k,
-                       top_p=params.top_p, seed=params.seed, gamma=gamma, verify=_rule(state, params))
+                       top_p=params.top_p, seed=params.seed, gamma=gamma, verify=_rule(state, params),
+                       constraint=params.constraint)
+
+
+def _check_constrainable(state: ServerState) -> None:
+    """A 400 naming response_format when llguidance cannot read the model's tokenizer (made once,
+    then kept for every constrained request)."""
+    from exactspec.constraints import matcher_tokenizer
+    from exactspec.models import eos_token_ids, usable_vocab
+
+    try:
+        matcher_tokenizer(state.target.tokenizer, usable_vocab(state.target),
+                          set(eos_token_ids(state.target)))
+    except (ValueError, ImportError) as err:
+        raise ApiError(400, f"response_format is not available for this model: {err}",
+                       param="response_format") from None
 
 
 def _rule(state: ServerState, params: Params) -> str:
@@ -260,6 +277,8 @@ class _Reply:
         metrics = self.state.metrics
         metrics.observe_request(len(self.job.prompt), speculative_metrics(self.job.stats),
                                 self.tokens, self.finish_reason, time.perf_counter() - self.job.created)
+        if self.params.constraint is not None:
+            metrics.constrained.labels(kind=self.params.constraint.kind).inc()
 
     def usage(self) -> dict:
         prompt = len(self.job.prompt)

@@ -26,6 +26,8 @@ class ServerMetrics:
         self.generation_tokens = counter("generation_tokens", "Tokens generated for finished requests")
         self.requests = counter("request_success", "Finished requests by finish reason", ("finished_reason",))
         self.cancelled = counter("request_cancelled", "Requests whose row left early (client gone, stop string)")
+        self.constrained = counter("request_constrained", "Finished requests with a response_format, by kind",
+                                   ("kind",))
         self.rejected = counter("request_rejected", "Requests refused with an HTTP error", ("status",))
         self.running = Gauge(PREFIX + "num_requests_running", "Requests in the running batch",
                              registry=self.registry)

@@ -14,15 +14,16 @@ import math
 from dataclasses import dataclass, field
 
 from exactspec.controller import MAX_GAMMA
+from exactspec.constraints import Constraint
 from exactspec.verify import VERIFY_RULES
 
 MAX_STOPS = 4
 # Fields accepted when they hold their default (or null): they change nothing.
 _NO_OPS = {"n": 1, "logprobs": False, "echo": False, "best_of": 1, "frequency_penalty": 0,
            "presence_penalty": 0, "parallel_tool_calls": None, "tools": [], "functions": [],
-           "user": "*", "tool_choice": "none", "response_format": {"type": "text"}}
+           "user": "*", "tool_choice": "none"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-          "stream_options", "gamma", "verify"}
+          "stream_options", "gamma", "verify", "response_format"}
 FIELDS = {"completions": COMMON | {"prompt"},
           "chat": COMMON | {"messages", "max_completion_tokens"}}
 
@@ -62,6 +63,7 @@ class Params:
     include_usage: bool = False
     gamma: int | str | None = None  # None: the server's default
     verify: str | None = None  # None: "coupled" with a seed, else the server's default
+    constraint: Constraint | None = None  # from response_format
 
 
 def _number(body: dict, name: str, low: float, high: float, default, *, integer=False, low_open=False):
@@ -181,7 +183,31 @@ def parse_request(body, kind: str) -> Params:
         raise bad("verify", f"verify must be one of {', '.join(map(repr, VERIFY_RULES))}, "
                             f"got {verify!r}")
     params.verify = verify
+    params.constraint = _response_format(body.get("response_format"))
     return params
+
+
+def _response_format(value) -> Constraint | None:
+    """OpenAI's response_format: {"type": "text"}, {"type": "json_object"}, or {"type":
+    "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint.json_object()
+    if kind != "json_schema":
+        raise bad("response_format", "response_format must be {\"type\": \"text\"}, "
+                                     f"\"json_object\" or \"json_schema\", got {value!r}")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise bad("response_format.json_schema", "response_format.json_schema must be an object "
+                                                 "with the schema under \"schema\"")
+    try:
+        return Constraint.json_schema(spec.get("schema", {}))
+    except ValueError as err:
+        raise bad("response_format.json_schema.schema", str(err)) from None
 
 
 def _include_usage(options, stream: bool) -> bool:
