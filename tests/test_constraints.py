@@ -358,3 +358,22 @@ def test_per_row_constraints_with_rows_joining():
         decoder.step(3)
     assert decoder.rows.new == alone
     assert re.fullmatch("[a-c]{1,2}", TOKENIZER.decode([t for t in alone[2] if t != EOS]))
+
+
+def test_generate_plug_in_follows_a_constraint():
+    """`model.generate(custom_generate=exactspec.hf.generate, constraint=..., tokenizer=...)`:
+    greedy speculative output equals the engine's plain constrained decoding; without the
+    tokenizer a one-line error says what is missing."""
+    from exactspec.hf import generate as plug_in
+
+    target, draft = grammar_pair()
+    ids = torch.tensor([PROMPT])
+    constraint = GRAMMARS["jsonish"]
+    plain = es.autoregressive_generate(target, ids, max_new_tokens=12, temperature=0, constraint=constraint)
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), custom_generate=plug_in,
+                                draft=draft.model, gamma=3, constraint=constraint, constraint_tokenizer=TOKENIZER,
+                                do_sample=False, max_new_tokens=12, pad_token_id=EOS, eos_token_id=EOS)
+    assert out[0].tolist()[: plain.sequences.size(1)] == plain.sequences[0].tolist()
+    with pytest.raises(ValueError, match="constraint= needs constraint_tokenizer="):
+        target.model.generate(ids, attention_mask=torch.ones_like(ids), custom_generate=plug_in,
+                              draft="ngram", constraint=constraint, do_sample=False, max_new_tokens=4)

@@ -18,6 +18,7 @@ are never kept, and are given the mask at the last allowed prefix (any distribut
 from __future__ import annotations
 
 import json
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -144,6 +145,7 @@ class RowMatchers:
         self.rows: list = []  # LLMatcher or None per row
         self.consumed: list[int] = []  # new tokens each matcher holds
         self.masks: dict = {}  # (row, drafts before) → bool[V], for the round
+        self.seconds = 0.0  # spent in the matchers: masks, consuming, forced tokens
 
     def __bool__(self) -> bool:
         return any(m is not None for m in self.rows)
@@ -171,6 +173,7 @@ class RowMatchers:
 
     def advance(self, new: list[list[int]]) -> None:
         """Each row's matcher takes the tokens its row committed since (new[b]: all of them)."""
+        started = time.perf_counter()
         for b, (matcher, tokens) in enumerate(zip(self.rows, new)):
             if matcher is None or self.consumed[b] == len(tokens):
                 continue
@@ -180,11 +183,15 @@ class RowMatchers:
                                    f"{matcher.get_error()}")
             self.consumed[b] = len(tokens)
         self.masks = {}
+        self.seconds += time.perf_counter() - started
 
     def forced(self, limit: int) -> list[list[int]]:
         """Each row's next tokens that its grammar forces (llguidance's fast-forward tokens), at
         most `limit`; [] for an unconstrained row."""
-        return [[] if m is None else m.compute_ff_tokens()[:limit] for m in self.rows]
+        started = time.perf_counter()
+        forced = [[] if m is None else m.compute_ff_tokens()[:limit] for m in self.rows]
+        self.seconds += time.perf_counter() - started
+        return forced
 
     def allowed_prefix(self, b: int, drafts: list[int]) -> int:
         """How many of `drafts` row b's grammar allows in a row (all of them unconstrained)."""
@@ -212,6 +219,7 @@ class RowMatchers:
         """bool[V]: what row b's grammar allows after its committed tokens and `before`."""
         key = (b, before)
         if key not in self.masks:
+            started = time.perf_counter()
             matcher = self.rows[b]
             taken = matcher.try_consume_tokens(list(before))  # stops at a token not allowed
             bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
@@ -220,6 +228,7 @@ class RowMatchers:
             if not mask.any():
                 raise RuntimeError(f"row {b}'s grammar allows no token: {matcher.get_error()}")
             self.masks[key] = mask
+            self.seconds += time.perf_counter() - started
         return self.masks[key]
 
     def bind(self, sampling) -> "Masked":

@@ -75,13 +75,15 @@ class GenerateOutput:
     """sequences: LongTensor[B, L + n], each row's prompt followed by its new tokens; a list of
     per-row LongTensors when rows differ in length (prompts of different lengths, or rows that
     ended early). stats: the whole batch; row_stats: one DecodeStats per row; rounds_by_source:
-    how many rounds each way of drafting proposed ("model", "ngram"), and "plain" for rounds
-    with no drafts."""
+    how many rounds each way of drafting proposed ("model", "ngram", "grammar"), and "plain" for
+    rounds with no drafts."""
 
     sequences: torch.Tensor | list[torch.Tensor]
     stats: DecodeStats = field(default_factory=DecodeStats)
     row_stats: list[DecodeStats] = field(default_factory=list)
     rounds_by_source: dict[str, int] = field(default_factory=dict)
+    kept_by_source: dict[str, int] = field(default_factory=dict)  # drafts kept, per source
+    constraint_seconds: float = 0.0  # spent in the grammar's matchers (`exactspec.constraints`)
 
 
 # --------------------------------------------------------------------------- set-up and checks
@@ -396,6 +398,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
         controller = GammaController.shared(decoder.lm.model, drafter.name)
         controller.lockstep = decoder.ids.size(0) > 1
     by_source: dict[str, int] = {}
+    kept: dict[str, int] = {}
     while not decoder.done:
         source = decoder.drafter.next_source()
         if controller:
@@ -408,9 +411,11 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
         kind = ("model" if source == "none" else source) if report.drafted else "plain"  # "none":
         # the auto draft's first round, drafted by its model at a fixed γ (`AutoDrafter`)
         by_source[kind] = by_source.get(kind, 0) + 1
+        kept[kind] = kept.get(kind, 0) + int(report.num_accepted.sum())
     distributed.check_same(decoder.rows.new, "the end")  # tensor-parallel ranks agree
     out = decoder.output()
-    out.rounds_by_source = by_source
+    out.rounds_by_source, out.kept_by_source = by_source, kept
+    out.constraint_seconds = decoder.matchers.seconds
     return out
 
 

@@ -61,13 +61,15 @@ WARMUP_TOKENS = 16  # a warm-up generation is this long (or max_new_tokens, if s
 class BenchPrompt:
     """One prompt: `kind` groups prompts into rows ("open", "grounded", "humaneval", or a file's
     own kinds). reply_start: text the assistant's reply begins with (after the chat template);
-    problem: a workload's problem, for its functional check (`bench.humaneval`)."""
+    problem: a workload's problem, for its functional check (`bench.humaneval`); constraint:
+    what the reply must match (`exactspec.constraints`; the json workload's schemas)."""
 
     name: str
     kind: str
     text: str
     reply_start: str = ""
     problem: dict | None = field(default=None, compare=False, hash=False, repr=False)
+    constraint: object = field(default=None, compare=False, hash=False, repr=False)
 
 
 _GROUNDED_PARAGRAPH = (
@@ -221,6 +223,9 @@ class BenchConfig:
             raise ValueError(f"verify must be a subset of {VERIFY_ORDER}, got {self.verify}")
         if not self.prompts:
             raise ValueError("prompts is empty")
+        if any(p.constraint for p in self.prompts) and (self.peers or self.llama_peers):
+            raise ValueError("constrained prompts (the json workload) run exactspec's rows only: "
+                             "peers and llama_peers must be off")
         for name, value, low in (("max_new_tokens", self.max_new_tokens, 1),
                                  ("repeats", self.repeats, 1), ("warmup", self.warmup, 0),
                                  ("seed", self.seed, 0), ("seeds", self.seeds, 1)):
@@ -245,7 +250,8 @@ class BenchConfig:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out["prompts"] = [{k: v for k, v in asdict(p).items() if k != "problem"}
+        out["prompts"] = [{**{k: v for k, v in asdict(p).items() if k not in ("problem", "constraint")},
+                           **({"schema": p.constraint.schema()} if p.constraint else {})}
                           for p in self.prompts]
         return out
 

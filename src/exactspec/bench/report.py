@@ -102,6 +102,7 @@ def summarize(spec: RunSpec, kind: str, runs: list[list[RunResult]], config: Ben
             row["drafted_tokens"] = sum(r.peer_stats["drafted_tokens"] for r in first)
             row["acceptance_rate"] = _ratio(row["accepted_drafts"], row["drafted_tokens"])
     row.update(_sources(first))
+    row.update(_constraint_costs(first))
     row["speedup_vs_autoregressive"] = None
     row["decode_speedup_vs_autoregressive"] = None
     row["speedup_vs_hf_generate"] = None
@@ -131,6 +132,33 @@ def _sources(runs: list[RunResult]) -> dict:
     drafting = sum(n for source, n in by_source.items() if source != "plain")
     drafted = sum(r.stats.drafted_tokens for r in runs)
     return {"rounds_by_source": by_source, "mean_gamma": _ratio(drafted, drafting)}
+
+
+def _constraint_costs(runs: list[RunResult]) -> dict:
+    """grammar_share: the share of output tokens that were grammar-forced drafts kept;
+    constraint_ms_per_token: the matchers' time (masks, forced tokens) per output token."""
+    tokens = sum(len(r.tokens) for r in runs)
+    seconds = sum(r.constraint_seconds for r in runs)
+    if not seconds or not tokens:
+        return {"grammar_share": None, "constraint_ms_per_token": None}
+    grammar = sum((r.kept_by_source or {}).get("grammar", 0) for r in runs)
+    return {"grammar_share": grammar / tokens, "constraint_ms_per_token": 1e3 * seconds / tokens}
+
+
+def add_validity(rows: list[dict], results: dict, config: BenchConfig, tokenizer) -> None:
+    """valid: the share of a row's outputs (every pass) that are JSON valid against their
+    prompt's schema (`bench.extraction.is_valid`), for rows of constrained prompts."""
+    from exactspec.bench.extraction import is_valid
+
+    jobs = config.jobs()
+    for row in rows:
+        spec = RunSpec(row["method"], row["temperature"], row["draft"], row["gamma"], row["verify"])
+        checks = [is_valid(config.prompts[i].constraint.schema(),
+                           tokenizer.decode(r.tokens, skip_special_tokens=True))
+                  for pass_ in results.get(spec, []) for (i, _), r in zip(jobs, pass_)
+                  if config.prompts[i].constraint is not None and config.prompts[i].kind == row["prompts"]]
+        if checks:
+            row["valid"] = sum(checks) / len(checks)
 
 
 def add_speedups(rows: list[dict]) -> None:

@@ -26,8 +26,8 @@ import torch
 from exactspec.bench.config import (CURVE_MIN_GAMMA, LLAMA_METHODS, NGRAM, WARMUP_TOKENS,
                                     BenchConfig, RunSpec, auto_model_spec, fixed_gammas,
                                     is_auto_draft, plan)
-from exactspec.bench.report import (add_pass_at_1, add_speedups, build_costmodel, build_summary,
-                                    load_average, machine_info, summarize)
+from exactspec.bench.report import (add_pass_at_1, add_speedups, add_validity, build_costmodel,
+                                    build_summary, load_average, machine_info, summarize)
 from exactspec.bench.results import RunResult
 from exactspec.bench.runners import Runner
 from exactspec.bench.timing import context_from_prompts, measure_timings
@@ -150,7 +150,7 @@ def _run(config, target, drafts, llama, timings, log, started) -> dict:
         log(f"warm-up {i + 1}/{config.warmup}: {len(specs)} configurations, "
             f"{warm_tokens} tokens each ...")
         for spec in specs:
-            runner.run(spec, prompt_ids[0], config.seed, warm_tokens)
+            runner.run(spec, prompt_ids[0], config.seed, warm_tokens, config.prompts[0].constraint)
 
     # timed passes, configurations interleaved: results[spec][pass][prompt]
     results: dict[RunSpec, list[list[RunResult]]] = {spec: [] for spec in specs}
@@ -158,7 +158,8 @@ def _run(config, target, drafts, llama, timings, log, started) -> dict:
     for rep in range(config.repeats):
         pass_start = time.perf_counter()
         for n, spec in enumerate(specs, start=1):
-            runs = [runner.run(spec, prompt_ids[i], seed, config.max_new_tokens) for i, seed in jobs]
+            runs = [runner.run(spec, prompt_ids[i], seed, config.max_new_tokens,
+                               config.prompts[i].constraint) for i, seed in jobs]
             results[spec].append(runs)
             tokens, wall = sum(len(r.tokens) for r in runs), sum(r.wall_seconds for r in runs)
             log(f"[pass {rep + 1}/{config.repeats}, {n}/{len(specs)}] {spec.label}: "
@@ -184,6 +185,8 @@ def _run(config, target, drafts, llama, timings, log, started) -> dict:
     if any(p.problem for p in config.prompts):
         log("checking completions against their problems' tests ...")
         add_pass_at_1(rows, results, config, target.tokenizer)
+    if any(p.constraint for p in config.prompts):
+        add_validity(rows, results, config, target.tokenizer)
 
     curve_max = max([CURVE_MIN_GAMMA, *fixed_gammas(config.gammas)])
     if timings is None:

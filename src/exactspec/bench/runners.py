@@ -95,22 +95,26 @@ class Runner:
         return dict(temperature=temperature, top_k=self.config.top_k, top_p=self.config.top_p)
 
     def run(self, spec: RunSpec, input_ids: torch.Tensor, seed: int,
-            max_new_tokens: int) -> RunResult:
+            max_new_tokens: int, constraint=None) -> RunResult:
+        """A constrained prompt (exactspec's methods only) runs until its grammar ends at EOS."""
         if spec.method in ("autoregressive", "speculative"):
-            return self._run_exactspec(spec, input_ids, seed, max_new_tokens)
+            return self._run_exactspec(spec, input_ids, seed, max_new_tokens, constraint)
+        if constraint is not None:
+            raise ValueError(f"{spec.method} rows cannot follow a constraint here")
         if spec.method in LLAMA_METHODS:
             return self.llama.run(spec, input_ids, seed, max_new_tokens)
         return self._run_hf(spec, input_ids, seed, max_new_tokens)
 
-    def _run_exactspec(self, spec, input_ids, seed, max_new_tokens) -> RunResult:
+    def _run_exactspec(self, spec, input_ids, seed, max_new_tokens, constraint) -> RunResult:
         first = []
 
         def on_tokens(_row, new):
             if not first:
                 first.extend((time.perf_counter() - start, len(new)))  # the engine synchronized already
 
-        kwargs = dict(max_new_tokens=max_new_tokens, seed=seed, eos_token_id=[],
-                      on_tokens=on_tokens, **self.sampling(spec.temperature))
+        kwargs = dict(max_new_tokens=max_new_tokens, seed=seed, on_tokens=on_tokens,
+                      eos_token_id=None if constraint is not None else [], constraint=constraint,
+                      **self.sampling(spec.temperature))
         synchronize(self.device)
         start = time.perf_counter()
         if spec.method == "autoregressive":
@@ -122,7 +126,9 @@ class Runner:
         wall = time.perf_counter() - start
         tokens = out.sequences[0, input_ids.size(1):].tolist()
         return RunResult(tokens, wall, first[0] if first else None, out.stats,
-                         dict(out.rounds_by_source), first[1] if first else None)
+                         dict(out.rounds_by_source), first[1] if first else None,
+                         kept_by_source=dict(out.kept_by_source),
+                         constraint_seconds=out.constraint_seconds)
 
     def generation_config(self, spec: RunSpec, max_new_tokens: int):
         """The Transformers GenerationConfig of an hf_* configuration."""

@@ -13,6 +13,7 @@ bad input is one line naming the option.
 from __future__ import annotations
 
 import argparse
+import statistics
 
 from exactspec.cli.common import (CliError, output_path, parse_float, parse_int, print_table,
                                   read_prompts)
@@ -76,10 +77,14 @@ def register(subparsers) -> None:
     p.add_argument("--batch-sizes", metavar="B,B,...",
                    help="measure batch throughput instead: total tokens/s of plain and "
                         "speculative decoding at these batch sizes, e.g. 1,4,8")
-    p.add_argument("--workload", metavar="humaneval[:N]",
-                   help="prompts from a public task instead: the first N HumanEval problems "
+    p.add_argument("--workload", metavar="humaneval[:N] | json[:N]",
+                   help="prompts from a task instead: the first N HumanEval problems "
                         f"(default N: {DEFAULT_PROBLEMS}) as chat prompts, each row with its "
-                        "pass@1 from the problems' tests run in a sandboxed subprocess")
+                        "pass@1 from the problems' tests run in a sandboxed subprocess; or N of "
+                        "the 10 JSON-extraction tasks (a passage and a schema), each reply "
+                        "constrained to its schema, rows with the share valid, the share of "
+                        "tokens the grammar forced and the constraint's ms per token "
+                        "(exactspec's rows only)")
     p.add_argument("--llama-peers", action=argparse.BooleanOptionalAction, default=False,
                    help="also llama.cpp on the target's GGUF: plain (llama-cpp-python) and its "
                         "own llama-server, plain and speculating (`make peers` builds it) "
@@ -122,6 +127,18 @@ def _draft_name(text: str) -> str:
     return text
 
 
+def _workload(text: str) -> tuple[list, str]:
+    """The prompts of --workload humaneval[:N] or json[:N], and its name."""
+    from exactspec.bench import extraction
+    from exactspec.bench.humaneval import parse_workload, workload_prompts
+
+    if text.strip().lower().partition(":")[0] == extraction.WORKLOAD:
+        n = extraction.parse_count(text)
+        return extraction.workload_prompts(f"json:{n}"), f"json:{n}"
+    kind, n = parse_workload(text)
+    return workload_prompts(f"{kind}:{n}"), f"{kind}:{n}"
+
+
 def config_from_args(args):
     from exactspec.bench import config as bench
 
@@ -130,16 +147,17 @@ def config_from_args(args):
         verify = bench.parse_verify(args.verify, "--verify")
     except ValueError as err:
         raise CliError(str(err)) from None
-    from exactspec.bench.humaneval import parse_workload, workload_prompts
-
     workload = args.workload if args.workload is not None or not args.pair else "humaneval"
     if workload is not None and args.prompts is not None:
         raise CliError(f"--prompts and --workload both name the prompts; give one, got "
                        f"--prompts {args.prompts} --workload {workload}")
+    constrained = workload is not None and workload.strip().lower().partition(":")[0] == "json"
+    if constrained and args.llama_peers:
+        raise CliError("--workload json runs exactspec's rows only (Transformers and llama.cpp "
+                       "rows here do not constrain their output): drop --llama-peers")
     if workload is not None:
         try:
-            kind, n = parse_workload(workload)
-            prompts, source = workload_prompts(f"{kind}:{n}"), f"{kind}:{n}"
+            prompts, source = _workload(workload)
         except (ValueError, ImportError) as err:
             raise CliError(str(err)) from None
     elif args.prompts is not None:
@@ -165,7 +183,7 @@ def config_from_args(args):
         workload=source if workload is not None else None,
         max_new_tokens=parse_int("--max-new-tokens", args.max_new_tokens, 1),
         repeats=parse_int("--repeats", args.repeats, 1), warmup=parse_int("--warmup", args.warmup, 0),
-        peers=args.peers, seed=parse_int("--seed", args.seed, 0),
+        peers=args.peers and not constrained, seed=parse_int("--seed", args.seed, 0),
         seeds=parse_int("--seeds", args.seeds, 1),
         top_k=None if args.top_k is None else parse_int("--top-k", args.top_k, 1),
         top_p=None if args.top_p is None else parse_float("--top-p", args.top_p, 0.0, 1.0, low_open=True),
@@ -188,7 +206,9 @@ RUN_COLUMNS = [  # (header, field, format)
     ("rounds", "sources", "{}"), ("×AR", "speedup_vs_autoregressive", "{:.2f}"),
     ("×AR decode", "decode_speedup_vs_autoregressive", "{:.2f}"),
     ("×HF", "speedup_vs_hf_generate", "{:.2f}"), ("×llama.cpp", "speedup_vs_llamacpp", "{:.2f}"),
-    ("pass@1", "pass_at_1", "{:.2f}"), ("=AR", "same", "{}"),
+    ("pass@1", "pass_at_1", "{:.2f}"), ("valid", "valid", "{:.2f}"),
+    ("grammar", "grammar_share", "{:.2f}"), ("mask ms/tok", "constraint_ms_per_token", "{:.2f}"),
+    ("=AR", "same", "{}"),
 ]
 
 COST_COLUMNS = [
@@ -268,6 +288,22 @@ def _peer_text(peers: dict) -> list[str]:
     return parts
 
 
+def print_constraint_cost(result: dict) -> None:
+    """The constraint's own cost per token (llguidance's masks, forced tokens) against a target
+    pass over one token, and how many tokens the grammar drafted."""
+    t1 = next((item["seconds"] for item in result["costmodel"]["timings"]["target"]
+               if item["tokens"] == 1), None)
+    rows = [r for r in result["rows"] if r.get("constraint_ms_per_token") is not None]
+    if not rows or not t1:
+        return
+    cost = statistics.median(r["constraint_ms_per_token"] for r in rows)
+    share = max(rows, key=lambda r: r.get("grammar_share") or 0)
+    print(f"\nConstraint: {cost:.2f} ms per output token in the matchers (median over rows) = "
+          f"{cost / (1e3 * t1):.1%} of a one-token target pass ({1e3 * t1:.1f} ms); at most "
+          f"{share['grammar_share']:.0%} of a row's tokens were grammar-forced drafts kept "
+          f"({share['method']} {share['draft']}, T = {share['temperature']:g})")
+
+
 def _sweep_text(sweep: dict) -> str:
     interval = sweep["interval"]
     spread = (f", 90% interval {interval[0]:.2f}-{interval[1]:.2f}" if interval else "")
@@ -278,8 +314,10 @@ def _sweep_text(sweep: dict) -> str:
 
 def print_result(result: dict) -> None:
     config, machine = result["config"], result["machine"]
+    eos = ("at most; EOS on: each reply ends with its JSON" if any(p.get("schema") for p in config["prompts"])
+           else "EOS off")
     print(f"exactspec bench: target {config['target']}, {config['max_new_tokens']} new tokens "
-          f"per prompt (EOS off), {len(config['prompts'])} prompts ({config['prompts_source']}), "
+          f"per prompt ({eos}), {len(config['prompts'])} prompts ({config['prompts_source']}), "
           f"median of {config['repeats']} passes after {config['warmup']} warm-up")
     print(f"machine: {machine['cpu_model']}, {machine['cpu_cores_usable']} cores usable, "
           f"torch {machine['torch_version']} ({machine['torch_threads']} threads), "
@@ -294,7 +332,11 @@ def print_result(result: dict) -> None:
         seeds = f" × {config['seeds']} seeds" if config["seeds"] > 1 else ""
         print(f"\nT = {temperature:g}, {kind} prompts ({rows[0]['n_prompts']} prompts{seeds}, "
               f"{rows[0]['output_tokens']} tokens per pass)")
-        print_table(rows, RUN_COLUMNS)
+        optional = {"pass_at_1", "valid", "grammar_share", "constraint_ms_per_token"}  # workloads' columns
+        print_table(rows, [c for c in RUN_COLUMNS if c[1] not in optional
+                           or any(r.get(c[1]) is not None for r in rows)])
+    if any(p.get("schema") for p in config["prompts"]):
+        print_constraint_cost(result)
     if result.get("summary"):
         print_summary(result["summary"])
     cm = result["costmodel"]

@@ -216,16 +216,21 @@ def _seed(seed: int | None, greedy: bool) -> int:
 def generate(model, input_ids: torch.LongTensor, logits_processor, stopping_criteria,
              generation_config, synced_gpus: bool = False, streamer=None, *, draft=None,
              gamma: int | str = 4, verify: str = "block", seed: int | None = None,
-             exactspec_streamer=None, **model_kwargs):
+             exactspec_streamer=None, constraint=None, constraint_tokenizer=None,
+             **model_kwargs):
     """Speculative decoding as `model.generate(**inputs, custom_generate=exactspec.hf.generate,
     draft=DRAFT, gamma=4, ...)`; every row follows the processed target's law exactly.
 
     draft: a model, a model spec, "ngram", "auto", or any exactspec drafter; None decodes plainly
     (one target pass per token) with the same processing. gamma: drafts per round (or "auto");
     verify: "block", "token" or "coupled" (the same tokens as draft=None with the same seed);
-    seed: exactspec's generator (default: drawn from torch's global
-    generator when sampling). exactspec_streamer: a Transformers streamer (put / end) fed as each
-    round commits tokens; Transformers 5.24 does not pass `streamer=` to a callable (use this
+    seed: exactspec's generator (default: drawn from torch's global generator when sampling).
+    constraint: an `exactspec.Constraint` (JSON Schema, regex, Lark grammar) every row follows
+    exactly, with constraint_tokenizer= the model's tokenizer (llguidance reads it; Transformers
+    keeps `tokenizer=` for itself); a logits processor that keeps a grammar's state cannot score
+    drafts that may be rejected, while a stateless one (`prefix_allowed_tokens_fn`) already
+    works. exactspec_streamer: a Transformers streamer (put / end) fed as each round commits
+    tokens; Transformers 5.24 does not pass `streamer=` to a callable (use this
     keyword, or the folder form, which accepts `streamer=`). Settings that cannot be made exact
     (beam search, contrastive search, guidance, ...) raise ValueError naming the setting.
 
@@ -250,10 +255,16 @@ def generate(model, input_ids: torch.LongTensor, logits_processor, stopping_crit
     settings = dict(max_new_tokens=stopping.max_new_tokens, sampling=sampling,
                     seed=_seed(seed, greedy), eos_token_id=stopping.eos_token_ids,
                     attention_mask=mask, on_tokens=_on_tokens(streamer, stops))
+    target = model
+    if constraint is not None:
+        if constraint_tokenizer is None:
+            raise ValueError("constraint= needs constraint_tokenizer= (the model's tokenizer, which "
+                             "the grammar's matcher reads)")
+        target, settings["constraint"] = (model, constraint_tokenizer), constraint
     if draft is None:
-        out = autoregressive_generate(model, input_ids, **settings)
+        out = autoregressive_generate(target, input_ids, **settings)
     else:
-        out = speculative_generate(model, draft, input_ids, gamma=gamma, verify=verify, **settings)
+        out = speculative_generate(target, draft, input_ids, gamma=gamma, verify=verify, **settings)
     if streamer is not None:
         streamer.end()
     sequences = _sequences(input_ids, _new_tokens(out, valid),
