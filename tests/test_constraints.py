@@ -377,3 +377,29 @@ def test_generate_plug_in_follows_a_constraint():
     with pytest.raises(ValueError, match="constraint= needs constraint_tokenizer="):
         target.model.generate(ids, attention_mask=torch.ones_like(ids), custom_generate=plug_in,
                               draft="ngram", constraint=constraint, do_sample=False, max_new_tokens=4)
+
+
+@pytest.mark.slow
+def test_bundled_model_extraction_is_valid_and_exact(bundled_pair):
+    """The bundled model on a JSON-extraction task (the bench's json workload): greedy
+    speculative decoding with the llama.cpp draft and with prompt lookup equals plain
+    constrained decoding token for token, seeded coupled decoding equals seeded plain decoding,
+    and every reply validates against the schema (jsonschema)."""
+    pytest.importorskip("llama_cpp")
+    from exactspec.bench.extraction import is_valid, workload_prompts
+    from exactspec.models import encode_prompt
+
+    target = bundled_pair[0]
+    task = workload_prompts("json:1")[0]
+    ids = encode_prompt(target, task.text)
+    texts = []
+    for settings in (dict(temperature=0.0), dict(temperature=0.8, seed=5)):
+        plain = es.autoregressive_generate(target, ids, max_new_tokens=120, constraint=task.constraint,
+                                           **settings)
+        for draft in ("llamacpp", "ngram"):
+            out = es.speculative_generate(target, draft, ids, max_new_tokens=120, gamma="auto",
+                                          verify="coupled", constraint=task.constraint, **settings)
+            assert out.sequences.tolist() == plain.sequences.tolist(), (draft, settings)
+            assert out.rounds_by_source.get("grammar", 0) > 0
+        texts.append(target.tokenizer.decode(plain.sequences[0, ids.size(1):], skip_special_tokens=True))
+    assert all(is_valid(task.constraint.schema(), text) for text in texts), texts

@@ -193,6 +193,30 @@ class RowMatchers:
         self.seconds += time.perf_counter() - started
         return forced
 
+    def chain(self, b: int, start: list[int], gamma: int, lookup=None) -> list[int]:
+        """Row b's point-mass drafts: `start` (allowed by its grammar), then, while shorter than
+        γ, the tokens its grammar forces next, else `lookup(drafts so far, n)`'s continuation
+        cut where the grammar stops allowing it; the matcher is rolled back afterwards."""
+        matcher = self.rows[b]
+        if matcher is None:
+            return list(start)
+        started = time.perf_counter()
+        drafts = list(start)
+        taken = matcher.try_consume_tokens(drafts)
+        while len(drafts) < gamma:
+            more = matcher.compute_ff_tokens()
+            if not more and lookup is not None:
+                more = lookup(drafts, gamma - len(drafts))
+                more = more[: matcher.validate_tokens(more)]
+            more = more[: gamma - len(drafts)]
+            if not more:
+                break
+            taken += matcher.try_consume_tokens(more)
+            drafts += more
+        matcher.rollback(taken)
+        self.seconds += time.perf_counter() - started
+        return drafts
+
     def allowed_prefix(self, b: int, drafts: list[int]) -> int:
         """How many of `drafts` row b's grammar allows in a row (all of them unconstrained)."""
         matcher = self.rows[b]

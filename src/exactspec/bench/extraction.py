@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 WORKLOAD = "json"
-INSTRUCTION = ("Extract the information from the passage as JSON matching the schema. Copy "
-               "names and values exactly as the passage writes them.")
+INSTRUCTION = ("Extract the information from the passage as a JSON object with these keys. "
+               "Copy names and values exactly as the passage writes them.")
 
 
 def _object(properties: dict, required=None) -> dict:
@@ -95,8 +95,8 @@ def workload_prompts(text: str) -> list:
     from exactspec.bench.config import BenchPrompt
     from exactspec.constraints import Constraint
 
-    return [BenchPrompt(name, WORKLOAD, f"{INSTRUCTION}\n\nPassage: {passage}\n\nSchema: "
-                                        f"{json.dumps(schema)}",
+    return [BenchPrompt(name, WORKLOAD, f"{INSTRUCTION}\n\nPassage: {passage}\n\nKeys: "
+                                        f"{', '.join(schema['properties'])}",
                         constraint=Constraint.json_schema(schema))
             for name, passage, schema in TASKS[: parse_count(text)]]
 

@@ -13,17 +13,21 @@ GRAMMAR = "grammar"  # the source of a round of grammar-forced drafts
 class GrammarDrafter:
     """Before each round, from the committed tokens only (the past-only rule): when a row's
     grammar forces its next tokens (the keys and punctuation of a schema, a closing quote: its
-    matcher's fast-forward tokens), those are the round's drafts (source "grammar", point-mass:
-    the target keeps each with probability p(x) under its mask, exact by the point-mass rule);
+    matcher's fast-forward tokens), the round drafts them (source "grammar", point-mass: the
+    target keeps each with probability p(x) under its mask, exact by the point-mass rule);
     otherwise `inner` drafts, and its point-mass drafts (prompt lookup) are cut before the first
-    token the row's grammar does not allow (that token could only be rejected). The inner
-    drafter sees a grammar round's tokens afterwards (`observe`), as the auto draft's idle one does.
+    token the row's grammar does not allow (that token could only be rejected). Point-mass drafts
+    then go on up to γ (`RowMatchers.chain`): forced tokens, else prompt lookup's continuation
+    after the drafts so far (a value copied from the prompt, then the punctuation and key after
+    it). The inner drafter sees a round it did not draft afterwards (`observe`), as the auto
+    draft's idle one does.
     `matchers` (a `constraints.RowMatchers`) is the Decoder's, kept at the committed tokens;
     `inner` needs `observe(drafts, num_accepted, next_tokens)` (every drafter here has one)."""
 
     def __init__(self, inner, matchers):
         self.inner, self.matchers, self.source = inner, matchers, None
         self.own = False  # whether this round's drafts are ours (forced, or the inner's cut)
+        self.lookup = inner if hasattr(inner, "match_length") else getattr(inner, "lookup", None)
         self.name = inner.name  # timings belong to the model draft; α is kept per source
 
     calls = property(lambda self: self.inner.calls)
@@ -50,16 +54,22 @@ class GrammarDrafter:
                 generator: torch.Generator | None) -> Proposal:
         self.own = True
         if self.next_source() == GRAMMAR:
-            return self._point_mass(self.matchers.forced(gamma))
+            return self._point_mass([self._chain(b, [], gamma) for b in range(len(self.matchers.rows))])
         proposal = self.inner.propose(gamma, sampling, generator)
-        drafts = proposal.tokens.tolist()
-        lengths = proposal.lengths or [len(row) for row in drafts]
-        allowed = [self.matchers.allowed_prefix(b, row[:n])
-                   for b, (row, n) in enumerate(zip(drafts, lengths))]
-        if proposal.q is not None or allowed == lengths:  # model drafts come from a masked q
+        if proposal.q is not None:  # model drafts come from a masked q: all allowed
             self.own = False
             return proposal
-        return self._point_mass([row[:n] for row, n in zip(drafts, allowed)])
+        drafts = proposal.tokens.tolist()
+        lengths = proposal.lengths or [len(row) for row in drafts]
+        starts = [row[: min(n, self.matchers.allowed_prefix(b, row[:n]))]
+                  for b, (row, n) in enumerate(zip(drafts, lengths))]
+        return self._point_mass([self._chain(b, start, gamma) for b, start in enumerate(starts)])
+
+    def _chain(self, b: int, start: list[int], gamma: int) -> list[int]:
+        index = self.lookup.rows[b] if self.lookup is not None else None
+        follow = None if index is None else (
+            lambda drafts, n: index.continuation(drafts, n, self.lookup.min_ngram, self.lookup.rule))
+        return self.matchers.chain(b, start, gamma, follow)
 
     def _point_mass(self, rows: list[list[int]]) -> Proposal:
         """Drafts per row, padded to the longest by repeating a row's last (any deterministic

@@ -36,6 +36,17 @@ class SuffixIndex:
                 return n, ends[0] if rule == "earliest" else ends[-2]
         return 0, None
 
+    def continuation(self, extra: list[int], gamma: int, min_n: int, rule: str) -> list[int]:
+        """The lookup as if `extra` followed the tokens (read only): what followed the chosen
+        earlier occurrence of the longest suffix (n ≥ min_n) of tokens + extra, at most γ."""
+        tail, last = (self.tokens + list(extra))[-self.max_n - 1:], len(self.tokens) - 1
+        for n in range(min(self.max_n, len(tail) - 1), min_n - 1, -1):
+            ends = [e for e in self.ends.get(tuple(tail[-n:]), []) if e < last]  # a token follows
+            if ends:
+                end = ends[0] if rule == "earliest" else ends[-1]
+                return self.tokens[end + 1: end + 1 + gamma]
+        return []
+
 
 class NGramDrafter:
     """Prompt lookup: propose the tokens that followed an earlier occurrence of the longest
