@@ -403,3 +403,28 @@ def test_bundled_model_extraction_is_valid_and_exact(bundled_pair):
             assert out.rounds_by_source.get("grammar", 0) > 0
         texts.append(target.tokenizer.decode(plain.sequences[0, ids.size(1):], skip_special_tokens=True))
     assert all(is_valid(task.constraint.schema(), text) for text in texts), texts
+
+
+def test_lookup_continuation_after_drafts():
+    """`SuffixIndex.continuation`: with nothing appended it is the lookup itself; with drafts
+    appended it continues after their longest earlier match, reading only committed tokens."""
+    from exactspec.drafters.ngram import SuffixIndex
+
+    index = SuffixIndex([5, 6, 7, 8, 9, 5, 6], max_n=4)
+    n, end = index.lookup(1, "latest")
+    assert index.continuation([], 3, 1, "latest") == index.tokens[end + 1: end + 4] == [7, 8, 9]
+    assert index.continuation([7, 8], 2, 1, "latest") == [9, 5]  # suffix 6 7 8, matched at 1..3
+    assert index.continuation([42], 3, 1, "latest") == []  # 42 never occurred
+    assert index.tokens == [5, 6, 7, 8, 9, 5, 6]  # read only
+
+
+def test_grammar_chain_drafts_forced_tokens_then_lookup():
+    """A grammar round drafts the forced tokens, then prompt lookup's continuation after them,
+    cut where the grammar stops allowing it, and leaves the matcher where it was."""
+    matchers = RowMatchers(TOKENIZER, V, {EOS})
+    matchers.join([GRAMMARS["jsonish"]])
+    forced = matchers.forced(8)[0]
+    lookup = lambda drafts, n: [ID["c"], ID["e"], ID["}"], ID["a"]][:n]  # "ce}" then a stray "a"
+    assert matchers.chain(0, [], 16, lookup) == forced + [ID["c"], ID["e"], ID["}"]]
+    assert matchers.chain(0, [], 2, lookup) == forced[:2]
+    assert matchers.allowed(None, 1)[0, 0].nonzero().flatten().tolist() == [ID['{"']]  # rolled back
