@@ -28,7 +28,7 @@ ROW_FIELDS = {
     "decode_tokens_per_s",
     "decode_speedup_vs_autoregressive",
     "matches_autoregressive", "peer_settings", "rounds_by_source", "mean_gamma",
-    "generation_tokens", "generation_seconds",
+    "generation_tokens", "generation_seconds", "grammar_share", "constraint_ms_per_token",
 }
 # fake cost-model inputs (seconds): target passes over 1..9 tokens, and each draft per token
 FAKE_TIMINGS = {
@@ -509,3 +509,37 @@ def test_background_load_runs_for_the_block_only():
     assert load.running() == 0 and all(p.poll() is not None for p in processes)
     with pytest.raises(ValueError, match=r"background_load must be an integer in \[0, 64\], got -1"):
         tiny_config(background_load=-1).check()
+
+
+def test_constrained_prompts_report_validity_and_the_grammars_share():
+    """The json workload's path on tiny models with a tokenizer llguidance reads: replies end at
+    EOS once their schema is met, every one validates, greedy speculative rows equal plain
+    decoding, and rows say how much the grammar drafted and what the matchers cost; peers are
+    refused (they do not constrain)."""
+    import torch
+    from conftest import GRAMMAR_VOCAB, make_grammar_tokenizer, make_tiny_llama
+    from exactspec.bench.config import BenchPrompt
+    from exactspec.constraints import Constraint
+    from exactspec.models import LoadedModel
+
+    schema = {"type": "object", "properties": {"ab": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["ab"], "additionalProperties": False}
+    tokenizer, cpu = make_grammar_tokenizer(), torch.device("cpu")
+    models = {"tiny-grammar": LoadedModel(make_tiny_llama(seed=0, vocab_size=GRAMMAR_VOCAB), tokenizer,
+                                          "tiny-grammar", torch.float32, cpu)}
+    prompts = [BenchPrompt(f"p{i}", "json", text, constraint=Constraint.json_schema(schema))
+               for i, text in enumerate(['{"ab": 12}', "ab cd"])]
+    config = tiny_config(target="tiny-grammar", drafts=["ngram"], gammas=["auto"], prompts=prompts,
+                         max_new_tokens=40, repeats=1, peers=False)
+    result = run_benchmark(config, models=models, timings=FAKE_TIMINGS, log=None)
+    assert {row["method"] for row in result["rows"]} == {"autoregressive", "speculative"}
+    for row in result["rows"]:
+        assert row["valid"] == 1.0 and row["invalid"] is None
+        assert row["output_tokens"] < 2 * 40 and row["constraint_ms_per_token"] > 0
+        if row["method"] == "speculative":
+            assert row["grammar_share"] > 0
+            if row["temperature"] == 0:
+                assert row["matches_autoregressive"]
+    assert result["config"]["prompts"][0]["schema"] == schema
+    with pytest.raises(ValueError, match="peers and llama_peers must be off"):
+        tiny_config(target="tiny-grammar", prompts=prompts).check()

@@ -27,6 +27,8 @@ import torch
 from exactspec.cache import CachedModel
 from exactspec.constraints import Constraint
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
+from exactspec.drafters.base import NoDraft
+from exactspec.drafters.grammar import GrammarDrafter
 from exactspec.noise import RowNoise, mix, row_seed
 from exactspec.sampling import RowSampling, SamplingConfig, check_sampling_args
 from exactspec.verify import VERIFY_RULES, BlockResult, verify_block, verify_rows
@@ -155,6 +157,13 @@ class ContinuousBatching:
     per_row: PerRow | None = None
     _round_noise: tuple = (None, [])  # (the round's key, its rows' RowNoise): see `_noise`
 
+    def constrain(self, constraints) -> None:
+        """Rows appended to the batch's grammars (a `Constraint` or None each); once any row has
+        one, the drafter drafts what the grammar forces first (`GrammarDrafter`)."""
+        self.matchers.join(constraints)
+        if self.matchers and not isinstance(self.drafter, (NoDraft, GrammarDrafter)):
+            self.drafter = GrammarDrafter(self.drafter, self.matchers)
+
     def use_row_settings(self, settings) -> None:
         """Per-row settings for the rows of the first batch, set before the first round."""
         settings = list(settings)
@@ -163,7 +172,7 @@ class ContinuousBatching:
                              f"({self.rows.active.numel()}) before the first round, got {len(settings)}")
         self.per_row = PerRow(settings, self.lm.device)
         self.sampling = self.per_row.sampling()
-        self.matchers.select(torch.arange(0))
+        self.matchers.select(torch.arange(0))  # the rows' own constraints replace the batch's
         self.constrain(row.constraint for row in settings)
         self.rows.budget = [row.max_new_tokens for row in settings]
         self.done = False

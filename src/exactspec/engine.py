@@ -25,9 +25,8 @@ from exactspec.batching import DRAFT, ContinuousBatching, left_pad
 from exactspec.cache import CachedModel
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
 from exactspec.constraints import RowMatchers, as_constraint
-from exactspec.drafters import Drafter, NoDraft, Proposal, make_drafter
+from exactspec.drafters import Drafter, Proposal, make_drafter
 from exactspec.drafters.base import drafter_evidence, drafter_lag
-from exactspec.drafters.grammar import GrammarDrafter
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.sampling import SamplingConfig
 from exactspec.verify import VERIFY_RULES, verify_block
@@ -348,20 +347,14 @@ class Decoder(ContinuousBatching):
         """This round's sampling settings. Settings that read the tokens before each position
         (`needs_prefix`: Transformers' logits processors) are bound to the active rows: each row's
         index and committed tokens (its prompt row as given, left padding included, then its new
-        tokens); the drafter and the target then pass the drafts before each position."""
+        tokens); the drafter and the target then pass the drafts before each position. Rows with
+        a constraint then get their grammar's masks first (`constraints.Masked`)."""
         sampling = self.sampling
         if getattr(sampling, "needs_prefix", False):
             committed = [torch.cat([self.ids[row], self.ids.new_tensor(self.rows.new[row])])
                          for row in self.rows.active.tolist()]
             sampling = sampling.after(self.rows.active, committed)
         return self.matchers.bind(sampling) if self.matchers else sampling
-
-    def constrain(self, constraints) -> None:
-        """Rows appended to the batch's grammars (a `Constraint` or None each); once any row has
-        one, the drafter drafts what the grammar forces first (`GrammarDrafter`)."""
-        self.matchers.join(constraints)
-        if self.matchers and not isinstance(self.drafter, (NoDraft, GrammarDrafter)):
-            self.drafter = GrammarDrafter(self.drafter, self.matchers)
 
     def _retire(self, going: torch.Tensor) -> None:
         if going.numel() == self.rows.active.numel():
@@ -458,9 +451,9 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
                             eos_token_id=None, attention_mask=None,
                             on_tokens=None, sampling=None, constraint=None) -> GenerateOutput:
     """Plain decoding of the target: one forward pass and one draw from p per output token.
-    input_ids[B, L] with an optional attention_mask (left or right padding); `on_tokens` and
-    `sampling` and `constraint` as in `speculative_generate`. Each token is the race over p with the noise of
-    (row seed, position) (`exactspec.noise`; row b's from (seed, b)), so
+    input_ids[B, L] with an optional attention_mask (left or right padding); `on_tokens`,
+    `sampling` and `constraint` as in `speculative_generate`. Each token is the race over p with
+    the noise of (row seed, position) (`exactspec.noise`; row b's from (seed, b)), so
     `speculative_generate(..., seed=seed, verify="coupled")` emits the same tokens."""
     check_generation_args(input_ids, max_new_tokens)
     sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling

@@ -147,18 +147,26 @@ def _constraint_costs(runs: list[RunResult]) -> dict:
 
 def add_validity(rows: list[dict], results: dict, config: BenchConfig, tokenizer) -> None:
     """valid: the share of a row's outputs (every pass) that are JSON valid against their
-    prompt's schema (`bench.extraction.is_valid`), for rows of constrained prompts."""
+    prompt's schema (`bench.extraction.is_valid`), for rows of constrained prompts; `invalid`:
+    the first that is not ({prompt, token_ids, text}), else null."""
     from exactspec.bench.extraction import is_valid
 
     jobs = config.jobs()
     for row in rows:
         spec = RunSpec(row["method"], row["temperature"], row["draft"], row["gamma"], row["verify"])
-        checks = [is_valid(config.prompts[i].constraint.schema(),
-                           tokenizer.decode(r.tokens, skip_special_tokens=True))
-                  for pass_ in results.get(spec, []) for (i, _), r in zip(jobs, pass_)
-                  if config.prompts[i].constraint is not None and config.prompts[i].kind == row["prompts"]]
+        checks = []
+        for pass_ in results.get(spec, []):
+            for (i, _), r in zip(jobs, pass_):
+                prompt = config.prompts[i]
+                if prompt.constraint is None or prompt.kind != row["prompts"]:
+                    continue
+                text = tokenizer.decode(r.tokens, skip_special_tokens=True)
+                checks.append(is_valid(prompt.constraint.schema(), text))
+                if not checks[-1] and row.get("invalid") is None:
+                    row["invalid"] = {"prompt": prompt.name, "token_ids": r.tokens, "text": text}
         if checks:
             row["valid"] = sum(checks) / len(checks)
+            row.setdefault("invalid", None)
 
 
 def add_speedups(rows: list[dict]) -> None:
