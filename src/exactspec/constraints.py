@@ -82,7 +82,7 @@ class Constraint:
 
 def _compile(kind: str, text: str) -> str:
     """llguidance's grammar for a constraint, validated: ValueError naming the kind otherwise."""
-    matcher = _llguidance().LLMatcher
+    LLMatcher = _llguidance().LLMatcher
     if kind in ("json_schema", "json_object"):
         try:
             schema = json.loads(text) if kind == "json_schema" else {"type": "object"}
@@ -90,12 +90,12 @@ def _compile(kind: str, text: str) -> str:
             raise ValueError(f"json_schema is not valid JSON: {error}") from None
         if not isinstance(schema, dict):
             raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
-        grammar = matcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+        grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     elif kind == "regex":
-        grammar = matcher.grammar_from_regex(text)
+        grammar = LLMatcher.grammar_from_regex(text)
     else:
-        grammar = matcher.grammar_from_lark(text)
-    problem = matcher.validate_grammar(grammar)
+        grammar = LLMatcher.grammar_from_lark(text)
+    problem = LLMatcher.validate_grammar(grammar)
     if problem:
         lines = problem.strip().splitlines()  # llguidance's first line, and its "error:" lines
         said = [lines[0], *(line.strip() for line in lines[1:] if line.strip().startswith("error:"))]
@@ -153,12 +153,11 @@ class RowMatchers:
     def join(self, constraints) -> None:
         """Rows appended at the end of the batch, each with its Constraint or None."""
         constraints = list(constraints)
-        if any(constraints) and not self.eos:
-            raise ValueError("a constraint needs an end-of-sequence token to end on: eos_token_id "
-                             "is empty")
-        llg = _llguidance() if any(constraints) else None
-        tokenizer = (matcher_tokenizer(self.tokenizer, self.vocab, self.eos)
-                     if any(constraints) else None)
+        if any(constraints):
+            if not self.eos:
+                raise ValueError("a constraint needs an end-of-sequence token to end on: "
+                                 "eos_token_id is empty")
+            llg, tokenizer = _llguidance(), matcher_tokenizer(self.tokenizer, self.vocab, self.eos)
         for constraint in constraints:
             self.rows.append(None if constraint is None
                              else llg.LLMatcher(tokenizer, constraint.grammar, log_level=0))
@@ -263,8 +262,6 @@ class RowMatchers:
 class Masked:
     """A round's settings (any object with `probs(logits, drafts=...)`) with each row's grammar
     mask applied to the logits before them: the constrained target's p, or the draft's q."""
-
-    needs_prefix = True
 
     def __init__(self, sampling, matchers: RowMatchers):
         self.sampling, self.matchers = sampling, matchers
