@@ -22,6 +22,7 @@ from test_decoding import target_joint
 pytest.importorskip("llama_cpp", reason="the llamacpp extra is not installed (make setup builds it)")
 from exactspec.drafters import llamacpp  # noqa: E402
 from exactspec.drafters.llamacpp import LlamaCppDrafter  # noqa: E402
+from exactspec.models import llamacpp as runtime  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -122,8 +123,9 @@ class Snapshots(LlamaCppDrafter):
     and pending) and the last position llama.cpp holds for its sequence."""
 
     def propose(self, gamma, sampling, generator):
-        self.seen.append([(fed + pending, len(fed), self.llama.llama_memory_seq_pos_max(self.memory, seq))
-                          for fed, pending, seq in zip(self.fed, self.pending, self.seqs)])
+        rows = self.rows
+        self.seen.append([(fed + pending, len(fed), rows.llama.llama_memory_seq_pos_max(rows.memory, seq))
+                          for fed, pending, seq in zip(rows.fed, self.pending, rows.seqs)])
         return super().propose(gamma, sampling, generator)
 
 
@@ -167,7 +169,7 @@ def test_rows_joining_mid_batch_match_greedy_alone(target, prompts):
 def test_context_grows_when_the_rows_need_more(target, prompts, monkeypatch):
     """12 rows of up to 10 + 20 tokens overflow a first context of 256 cells: a context twice the
     size replaces it and every row is fed again; greedy output is unchanged."""
-    monkeypatch.setattr(llamacpp, "FIRST_CONTEXT", 256)
+    monkeypatch.setattr(runtime, "FIRST_CONTEXT", 256)
     drafter = drafter_for(target)
     ids, mask = batch(prompts * 4)
     out = speculative_generate(target, drafter, ids, attention_mask=mask, gamma=4,
@@ -175,7 +177,7 @@ def test_context_grows_when_the_rows_need_more(target, prompts, monkeypatch):
     plain = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=20,
                                     temperature=0, eos_token_id=[])
     assert as_lists(out.sequences) == as_lists(plain.sequences)
-    assert drafter.llama.llama_n_ctx(drafter.context) == 512
+    assert drafter.rows.llama.llama_n_ctx(drafter.rows.context) == 512
 
 
 def test_vocabulary_mismatch_names_the_first_token(tiny_loaded_pair, target):

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 
-from exactspec.cache import CachedModel
 from exactspec.constraints import Constraint
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
 from exactspec.drafters.base import NoDraft
@@ -150,7 +149,7 @@ class ContinuousBatching:
     boundary and be `cancel`led between rounds.
 
     Joining: a new row's prompt minus its last token is prefilled on its own and merged into the
-    running caches (the shorter side padded with holes); its last prompt token becomes its last
+    running target (`join` of the target protocol); its last prompt token becomes its last
     committed token, so the next round feeds [last, drafts] for every row alike.
     """
 
@@ -190,10 +189,7 @@ class ContinuousBatching:
         if len(settings) != ids.size(0):
             raise ValueError(f"settings must give one RowSettings per new row ({ids.size(0)}), "
                              f"got {len(settings)}")
-        other = CachedModel(self.lm.model, self.lm.name, self.lm.vocab_size, ids.size(0))
-        if ids.size(1) > 1:
-            other.prefill(ids[:, :-1], valid[:, :-1])
-        self.lm.merge(other)
+        self.lm.join(ids[:, :-1], valid[:, :-1])
         self.drafter.join(ids, valid)
         self.last = torch.cat([self.last, ids[:, -1]])  # [B + n]
         self.prompt_lengths += valid.sum(dim=1).tolist()

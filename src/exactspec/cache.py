@@ -17,6 +17,7 @@ show that nothing is recomputed after the prefill.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -63,7 +64,7 @@ class CachedModel:
         keep = {"logits_to_keep": 1} if self._keeps_logits else {}
         output, positions = self._run(tokens, valid, **keep)
         logits = output.logits[:, -1:, : self.vocab_size].to(self.device)  # [B, 1, V]
-        self._check_finite(logits, valid[:, -1:], positions[:, -1:])
+        check_finite(logits, valid[:, -1:], positions[:, -1:], self.name)
         return logits[:, 0]  # [B, V]
 
     def feed(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -74,8 +75,20 @@ class CachedModel:
             valid = torch.ones_like(tokens, dtype=torch.bool)
         output, positions = self._run(tokens, valid)
         logits = output.logits[..., : self.vocab_size].to(self.device)  # [B, n, V]
-        self._check_finite(logits, valid, positions)
+        check_finite(logits, valid, positions, self.name)
         return logits
+
+    def threads(self):
+        """The generation runs with torch's threads as they are (see `exactspec.targets`)."""
+        return contextlib.nullcontext()
+
+    def join(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        """Rows appended last with tokens[n, L] (left-padded): prefilled on their own, then
+        merged (`merge`)."""
+        other = CachedModel(self.model, self.name, self.vocab_size, tokens.size(0))
+        if tokens.size(1):
+            other.prefill(tokens, valid)
+        self.merge(other)
 
     def _run(self, tokens: torch.Tensor, valid: torch.Tensor, **kwargs):
         positions = self.kept.unsqueeze(1) + valid.long().cumsum(dim=1) - 1  # [B, n]
@@ -89,18 +102,6 @@ class CachedModel:
         self.tokens_fed += kept
         self.padding_fed += valid.numel() - kept
         return output, positions
-
-    def _check_finite(self, logits: torch.Tensor, valid: torch.Tensor,
-                      positions: torch.Tensor) -> None:
-        """No silent NaN (the no-floors rule): NaN or +inf logits, or -inf everywhere (no token
-        possible), raise an error naming the model and the position."""
-        nan = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) & valid  # [B, n]
-        empty = torch.isneginf(logits).all(dim=-1) & valid  # [B, n]
-        for bad, what in ((nan, "NaN or +inf logits"), (empty, "-inf logits for every token")):
-            if bad.any():
-                row, col = bad.nonzero()[0].tolist()
-                raise ValueError(f"model {self.name!r} produced {what} at position "
-                                 f"{int(positions[row, col])}" + (f" of row {row}" if bad.size(0) > 1 else ""))
 
     def discard_last(self, counts: torch.Tensor) -> None:
         """Make the last counts[b] columns of row b holes (drafts scored under a prefix that was
@@ -169,6 +170,18 @@ class CachedModel:
         self.calls += other.calls
         self.tokens_fed += other.tokens_fed
         self.padding_fed += other.padding_fed
+
+
+def check_finite(logits: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, name: str) -> None:
+    """No silent NaN (the no-floors rule): NaN or +inf logits[B, n, V], or -inf everywhere (no
+    token possible), at a valid[B, n] slot raise an error naming the model and the position."""
+    nan = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) & valid  # [B, n]
+    empty = torch.isneginf(logits).all(dim=-1) & valid  # [B, n]
+    for bad, what in ((nan, "NaN or +inf logits"), (empty, "-inf logits for every token")):
+        if bad.any():
+            row, col = bad.nonzero()[0].tolist()
+            raise ValueError(f"model {name!r} produced {what} at position "
+                             f"{int(positions[row, col])}" + (f" of row {row}" if bad.size(0) > 1 else ""))
 
 
 def _left_padded(layer, like, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,8 +3,8 @@
 A round: the drafter proposes γ tokens x_1..x_γ per row with their q; the target scores
 [last committed token, x_1..x_γ] of every row in one pass, giving p_1..p_{γ+1}; `verify_block`
 keeps a prefix of each row's drafts and adds one correction or bonus token. Rows keep different
-numbers of tokens; `CachedModel` masks what a row did not keep (its docstring says why holes
-beat re-feeding). The prefill scores the whole prompt and keeps the logits after it, so the first
+numbers of tokens; the target forgets what a row did not keep (`exactspec.targets`: the target
+protocol, with a Hugging Face model's KV cache or a llama.cpp context behind it). The prefill scores the whole prompt and keeps the logits after it, so the first
 round feeds only its γ drafts; after that each row's cache holds its committed tokens minus the
 last one (the correction or bonus), and a round feeds exactly γ+1 tokens per row. Plain decoding
 is the same loop with no drafter (γ = 0: each round draws the bonus token from p).
@@ -16,57 +16,22 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
 from exactspec import distributed
 from exactspec.batching import DRAFT, ContinuousBatching, left_pad
-from exactspec.cache import CachedModel
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
 from exactspec.constraints import RowMatchers, as_constraint
 from exactspec.drafters import Drafter, Proposal, make_drafter
 from exactspec.drafters.base import drafter_evidence, drafter_lag
 from exactspec.models import check_context, eos_token_ids, unwrap_model
+from exactspec.rows import DecodeStats, EndRow, Rows  # noqa: F401 (EndRow: part of the API)
 from exactspec.sampling import SamplingConfig
+from exactspec.targets import Scorer, make_target
 from exactspec.verify import VERIFY_RULES, verify_block
 
-
-
-@dataclass
-class DecodeStats:
-    """Counters of one generation. output tokens = accepted drafts + corrections + bonus tokens."""
-
-    output_tokens: int = 0
-    accepted_drafts: int = 0
-    drafted_tokens: int = 0
-    corrections: int = 0
-    bonus_tokens: int = 0
-    rounds: int = 0
-    target_calls: int = 0
-    draft_calls: int = 0
-    target_tokens_fed: int = 0
-    draft_tokens_fed: int = 0
-    padding_fed: int = 0  # batches: padding slots run through either model
-    hole_fraction: float = 0.0  # batches: mean share of the target cache's columns that are holes
-    wall_seconds: float = 0.0
-    time_to_first_token: float | None = None
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted_drafts / self.drafted_tokens if self.drafted_tokens else None
-
-    @property
-    def tokens_per_round(self) -> float | None:
-        return self.output_tokens / self.rounds if self.rounds else None
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        return self.output_tokens / self.wall_seconds if self.wall_seconds > 0 else None
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "acceptance_rate": self.acceptance_rate,
-                "tokens_per_round": self.tokens_per_round, "tokens_per_s": self.tokens_per_s}
 
 
 @dataclass
@@ -126,14 +91,6 @@ def _eos_set(eos_token_id, target) -> set[int]:
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
 
 
-def _cut(tokens: list[int], eos: set[int], budget: int) -> list[int]:
-    """The tokens up to and including the first EOS, and at most `budget` of them."""
-    for i, token in enumerate(tokens[:budget]):
-        if token in eos:
-            return tokens[: i + 1]
-    return tokens[:budget]
-
-
 def pad_prompts(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """input_ids[B, L] and attention_mask[B, L] of 1-D prompts, left-padded with id 0."""
     width = max(len(prompt) for prompt in prompts)
@@ -155,99 +112,6 @@ class _Clock:
     def read(self) -> float:
         synchronize(self.device)
         return time.perf_counter() - self.start
-
-
-class _Rows:
-    """Per-row bookkeeping: new tokens, counters, and which rows are still generating."""
-
-    def __init__(self, batch: int, max_new_tokens: int, eos: set[int], clock: _Clock, on_tokens):
-        self.new = [[] for _ in range(batch)]
-        self.stats = [DecodeStats() for _ in range(batch)]
-        self.active = torch.arange(batch)  # original index of each row still in the batch
-        self.max_new_tokens, self.eos, self.clock, self.on_tokens = max_new_tokens, eos, clock, on_tokens
-        self.budget = [max_new_tokens] * batch  # per original row: rows may differ (rule 8)
-        self.first_token_at: float | None = None
-
-    def budget_left(self) -> int:
-        return max(self.budget[r] - len(self.new[r]) for r in self.active.tolist())
-
-    def join(self, budgets: list[int]) -> None:
-        """Rows joining the batch at a round boundary: new original indices, appended last."""
-        first = len(self.new)
-        self.new += [[] for _ in budgets]
-        self.stats += [DecodeStats() for _ in budgets]
-        self.budget += list(budgets)
-        self.active = torch.cat([self.active, torch.arange(first, first + len(budgets))])
-
-    def record(self, result, drafted: int, target_calls: int, draft_calls: int) -> torch.Tensor:
-        """Count one round per active row; return the batch positions of rows still going."""
-        now = self.clock.read()
-        if self.first_token_at is None:
-            self.first_token_at = now
-        going = []
-        for i, row in enumerate(self.active.tolist()):
-            tau = int(result.num_accepted[i])
-            new = _cut(result.tokens[i, : tau + 1].tolist(), self.eos,
-                       self.budget[row] - len(self.new[row]))
-            ended = self.on_tokens(row, new) if self.on_tokens is not None and new else None
-            if isinstance(ended, EndRow):  # the callback's stopping rule ends the row here
-                new = new[: ended.keep]
-            self.new[row].extend(new)
-            _count_round(self.stats[row], new, drafted if isinstance(drafted, int) else drafted[i],
-                         tau, target_calls, draft_calls)
-            if self.stats[row].time_to_first_token is None and new:
-                self.stats[row].time_to_first_token = now
-            if (isinstance(ended, EndRow) or new and new[-1] in self.eos
-                    or len(self.new[row]) >= self.budget[row]):
-                self.stats[row].wall_seconds = now
-            else:
-                going.append(i)
-        return torch.tensor(going, dtype=torch.long)
-
-
-@dataclass(frozen=True)
-class EndRow:
-    """What `on_tokens(row, new_ids)` returns to end that row after the first `keep` of new_ids
-    (a stopping rule: one that reads only the row's own tokens keeps the output exact)."""
-
-    keep: int
-
-
-def _count_round(stats: DecodeStats, new: list[int], drafted: int, tau: int,
-                 target_calls: int, draft_calls: int) -> None:
-    """Count what the round emitted for one row (EOS or the budget may have cut it short)."""
-    stats.rounds += 1
-    stats.target_calls += target_calls
-    stats.draft_calls += draft_calls
-    stats.drafted_tokens += drafted
-    stats.output_tokens += len(new)
-    stats.accepted_drafts += min(tau, len(new))
-    if len(new) == tau + 1:
-        if tau == drafted:
-            stats.bonus_tokens += 1
-        else:
-            stats.corrections += 1
-
-
-class _Target:
-    """The target's cache, and the logits after the prompt until the first round uses them.
-
-    The prefill already scored each row's last prompt token, so the first round feeds only its
-    drafts; every later round feeds [last committed token, drafts]."""
-
-    def __init__(self, lm: CachedModel, ids: torch.Tensor, valid: torch.Tensor):
-        self.lm = lm
-        self.after_prompt = lm.prefill(ids, valid)  # [B, V], the logits of the first new position
-
-    def score(self, last: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-        """Logits for the positions after the last committed token and after each draft. [b, γ'+1, V]"""
-        if self.after_prompt is None:
-            return self.lm.feed(torch.cat([last.unsqueeze(1), drafts], dim=1))  # [b, γ'+1, V]
-        first = self.after_prompt.unsqueeze(1)  # [B, 1, V]
-        self.after_prompt = None
-        if not drafts.size(1):
-            return first
-        return torch.cat([first, self.lm.feed(drafts)], dim=1)  # [B, γ'+1, V]
 
 
 @dataclass
@@ -287,7 +151,7 @@ class Decoder(ContinuousBatching):
         ids, valid = left_pad(input_ids, attention_mask)
         check_context(model, name, ids.size(1) + max_new_tokens)
         vocab = drafter.bind((model, tokenizer), ids.size(1) + max_new_tokens)
-        self.lm = CachedModel(model, name, vocab, ids.size(0))
+        self.lm = make_target(model, name, vocab, ids.size(0))  # `exactspec.targets`
         self.ids, self.valid = ids.to(self.lm.device), valid.to(self.lm.device)
         self.drafter, self.sampling, self.verify = drafter, sampling, verify
         self.generator = _generator(distributed.agree_seed(seed), self.lm.device)  # same on every rank
@@ -295,10 +159,10 @@ class Decoder(ContinuousBatching):
         self.prompt_lengths = self.valid.sum(dim=1).tolist()  # per row, for absolute positions
         self.clock = _Clock(self.lm.device)
         eos = _eos_set(eos_token_id, (model, tokenizer))
-        self.rows = _Rows(ids.size(0), max_new_tokens, eos, self.clock, on_tokens)
+        self.rows = Rows(ids.size(0), max_new_tokens, eos, self.clock, on_tokens)
         self.matchers = RowMatchers(tokenizer, vocab, eos)  # each row's grammar, if it has one
         self.constrain([as_constraint(constraint)] * ids.size(0))
-        self.scorer = _Target(self.lm, self.ids, self.valid)
+        self.scorer = Scorer(self.lm, self.ids, self.valid)
         drafter.start(self.ids, self.valid, vocab)
         for stats in self.rows.stats:  # every row took part in the prefills
             stats.target_calls, stats.draft_calls = self.lm.calls, drafter.calls
@@ -392,19 +256,17 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
         controller.lockstep = decoder.ids.size(0) > 1
     by_source: dict[str, int] = {}
     kept: dict[str, int] = {}
-    while not decoder.done:
-        source = decoder.drafter.next_source()
-        if controller:
-            report = decoder.step(*_choose(controller, source, decoder))
-        else:
-            report = decoder.step(gamma)
-        distributed.check_round(decoder.rows.new, decoder.rounds)
-        if controller:
-            observe_round(controller, source, report)
-        kind = ("model" if source == "none" else source) if report.drafted else "plain"  # "none":
-        # the auto draft's first round, drafted by its model at a fixed γ (`AutoDrafter`)
-        by_source[kind] = by_source.get(kind, 0) + 1
-        kept[kind] = kept.get(kind, 0) + int(report.num_accepted.sum())
+    with decoder.lm.threads():
+        while not decoder.done:
+            source = decoder.drafter.next_source()
+            report = decoder.step(*_choose(controller, source, decoder)) if controller else decoder.step(gamma)
+            distributed.check_round(decoder.rows.new, decoder.rounds)
+            if controller:
+                observe_round(controller, source, report)
+            kind = ("model" if source == "none" else source) if report.drafted else "plain"  # "none":
+            # the auto draft's first round, drafted by its model at a fixed γ (`AutoDrafter`)
+            by_source[kind] = by_source.get(kind, 0) + 1
+            kept[kind] = kept.get(kind, 0) + int(report.num_accepted.sum())
     distributed.check_same(decoder.rows.new, "the end")  # tensor-parallel ranks agree
     out = decoder.output()
     out.rounds_by_source, out.kept_by_source = by_source, kept
@@ -425,7 +287,7 @@ def _choose(controller, source: str, decoder: Decoder) -> tuple[int, int]:
     return distributed.from_leader((chosen, shortest))
 
 
-def _output(ids, valid, rows: _Rows, lm: CachedModel, drafter, rounds: int,
+def _output(ids, valid, rows: Rows, lm, drafter, rounds: int,
             wall: float) -> GenerateOutput:
     sequences = [torch.cat([prompt[ok], prompt.new_tensor(new)])
                  for prompt, ok, new in zip(ids, valid, rows.new)]

@@ -113,10 +113,8 @@ class ModelDrafter:
         pending, like the last committed token of the running rows. lazy: nothing is run now,
         the whole prompt is pending (the cache catches up when this drafter next proposes: for a
         draft that often sits rounds out, like the auto draft's model)."""
-        other = CachedModel(self.model, self.name, self.lm.vocab_size, input_ids.size(0))
-        if not lazy and input_ids.size(1) > 1:
-            other.prefill(input_ids[:, :-1], valid[:, :-1])
-        self.lm.merge(other)
+        prefilled = 0 if lazy else input_ids.size(1) - 1
+        self.lm.join(input_ids[:, :prefilled], valid[:, :prefilled])
         new = (input_ids, valid) if lazy else (input_ids[:, -1:], valid[:, -1:])
         width = max(self.pending.size(1), new[0].size(1))
         pending = [_left_pad_holes(self.pending, self.pending_valid, width),

@@ -3,11 +3,12 @@
 - `loading`: model specs (``NAME_OR_PATH[@DTYPE]``), dtypes, devices, the GGUF conversion cache,
   `load_model`;
 - `loaded`: `LoadedModel` and the facts read from a model (usable vocabulary, context, EOS ids);
-- `vocab`: whether a target and a draft share a vocabulary, and prompt encoding.
+- `vocab`: whether a target and a draft share a vocabulary, and prompt encoding;
+- `llamacpp`: GGUF files run by llama.cpp (`LlamaCppModel`, rows as llama.cpp sequences).
 """
 from exactspec.models.loaded import (
-    LoadedModel, check_context, check_length, context_length, eos_token_ids, output_vocab_size, unwrap_model,
-    usable_vocab,
+    LoadedModel, check_context, check_length, context_length, eos_token_ids, input_device, output_vocab_size,
+    unwrap_model, usable_vocab,
 )
 from exactspec.models.loading import (
     BUNDLED_MODEL, BUNDLED_PACKAGE, BUNDLED_PACKAGE_VERSION, DTYPES, BundledModelMissing,
@@ -18,6 +19,6 @@ from exactspec.models.vocab import check_compatible, encode_prompt
 __all__ = [
     "BUNDLED_MODEL", "BUNDLED_PACKAGE", "BUNDLED_PACKAGE_VERSION", "DTYPES", "BundledModelMissing",
     "LoadedModel", "bundled_gguf_path", "cache_root", "check_compatible", "check_context", "context_length",
-    "encode_prompt", "eos_token_ids", "load_model", "output_vocab_size", "parse_model_spec",
+    "encode_prompt", "eos_token_ids", "input_device", "load_model", "output_vocab_size", "parse_model_spec",
     "resolve_device", "resolve_dtype", "unwrap_model", "usable_vocab",
 ]

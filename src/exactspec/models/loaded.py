@@ -22,6 +22,8 @@ class LoadedModel:
 
     `tokenizer` is None only for a local folder that has no tokenizer files.
     `name` is the model's name or path without the dtype; `spec` adds it back.
+    `backend` is "torch" (a Hugging Face model) or "llamacpp" (a GGUF run by llama.cpp: `model`
+    is an `exactspec.models.llamacpp.LlamaCppModel`, its dtype is that of its logits).
     """
 
     model: Any
@@ -29,10 +31,14 @@ class LoadedModel:
     name: str
     dtype: torch.dtype
     device: torch.device
+    backend: str = "torch"
 
     @property
     def spec(self) -> str:
-        """The model spec that loads this model again, e.g. ``smollm2-135m-instruct@bfloat16``."""
+        """The model spec that loads this model again, e.g. ``smollm2-135m-instruct@bfloat16``
+        or ``llamacpp:smollm2-135m-instruct``."""
+        if self.backend == "llamacpp":
+            return f"llamacpp:{self.name}"
         return f"{self.name}@{str(self.dtype).removeprefix('torch.')}"
 
     @property
@@ -59,6 +65,8 @@ def unwrap_model(obj, role: str = "model") -> tuple[Any, Any, str]:
         return obj[0], obj[1], _model_name(obj[0])
     if isinstance(obj, torch.nn.Module):
         return obj, None, _model_name(obj)
+    if getattr(obj, "backend", None) == "llamacpp":  # a `LlamaCppModel` without its tokenizer
+        return obj, None, _model_name(obj)
     raise ValueError(f"{role} must be a LoadedModel, a (model, tokenizer) pair or a model, "
                      f"got {type(obj).__name__}")
 
@@ -66,7 +74,10 @@ def unwrap_model(obj, role: str = "model") -> tuple[Any, Any, str]:
 def input_device(model) -> torch.device:
     """The device a model's inputs go to: its first parameter's, or, for a model that accelerate
     dispatched over devices (`device_map`; offloaded weights wait on the "meta" device until
-    their layer runs), the first device of its map that is not "cpu" or "disk", else the CPU."""
+    their layer runs), the first device of its map that is not "cpu" or "disk", else the CPU;
+    for a model that is not a torch module (a `LlamaCppModel`), its `device`."""
+    if not isinstance(model, torch.nn.Module):
+        return torch.device(getattr(model, "device", "cpu"))
     device_map = getattr(model, "hf_device_map", None)
     if device_map:
         devices = [d for d in device_map.values() if d not in ("cpu", "disk")]

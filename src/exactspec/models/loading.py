@@ -60,6 +60,8 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 DEVICES = ("cpu", "cuda")
+BACKENDS = ("torch", "llamacpp")
+LLAMACPP_PREFIX = "llamacpp:"  # a model spec's prefix for backend="llamacpp"
 
 # Bumped whenever the cached conversion's layout or contents change.
 _CACHE_FORMAT = "v1"
@@ -436,11 +438,64 @@ def _placement(device, tp: bool, device_map, max_memory, offload_folder) -> dict
             "offload_folder": os.fspath(offload_folder) if offload_folder else None}
 
 
+def _gguf_tokenizer(gguf_path: Path):
+    """The tokenizer written in a GGUF file, converted by transformers once (seconds for a
+    150k vocabulary) and cached under cache_root()/tokenizers, committed by a rename."""
+    from transformers import AutoTokenizer
+
+    root = cache_root() / "tokenizers"
+    final = root / _gguf_cache_key(gguf_path)
+    if not (final / "tokenizer_config.json").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+        try:
+            with _gguf_errors(gguf_path):
+                tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                          local_files_only=True)
+            tokenizer.save_pretrained(tmp)
+            with contextlib.suppress(OSError):  # another process may have written it first
+                os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return AutoTokenizer.from_pretrained(str(final), local_files_only=True)
+
+
+def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
+    """A GGUF file as a llama.cpp target (see `load_model`): its own quantization, on the CPU,
+    its tokenizer from the file."""
+    from exactspec.models.llamacpp import LlamaCppModel
+
+    if dtype is not None:
+        raise ValueError(f"dtype {dtype!r}: a llama.cpp target runs its GGUF file's own "
+                         f"quantization (drop the dtype)")
+    if device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"device {device!r}: a llama.cpp target runs on the CPU here")
+    if placed:
+        raise ValueError("tp, device_map, max_memory and offload_folder place torch weights; "
+                         "a llama.cpp target has none (backend='llamacpp')")
+    gguf = named_gguf(name)
+    if gguf is None:
+        gguf = Path(name).expanduser()
+        if gguf.suffix.lower() != ".gguf" or not gguf.is_file():
+            raise _unknown_model(name, "a llama.cpp target needs a packaged name or a .gguf file")
+    else:
+        name = name.strip().lower()
+    with _gguf_errors(gguf):
+        model = LlamaCppModel(gguf, name)
+    return LoadedModel(model=model, tokenizer=_gguf_tokenizer(gguf), name=name, dtype=torch.float32,
+                       device=torch.device("cpu"), backend="llamacpp")
+
+
 def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | torch.dtype | None = None,
-               device: str | torch.device | None = None, *, tp: bool = False,
+               device: str | torch.device | None = None, *, backend: str = "torch", tp: bool = False,
                device_map: str | dict | None = None, max_memory: dict | None = None,
                offload_folder: str | os.PathLike | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer from a model spec ``NAME_OR_PATH[@DTYPE]``.
+
+    backend: "torch" (default; a Hugging Face model, GGUF files dequantized to float) or
+    "llamacpp" (a GGUF file — a packaged name or a path — run by llama.cpp in its own
+    quantization, on the CPU: a target for `speculative_generate`; no dtype, device_map or tp).
+    The spec ``llamacpp:NAME_OR_PATH`` means backend="llamacpp".
 
     dtype: "float32" (default), "bfloat16" or "float16"; may also come from the spec's ``@DTYPE``
     (giving both with different values is an error). device: "cpu" or "cuda" (default: cuda when
@@ -460,6 +515,13 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
     :class:`BundledModelMissing` (a FileNotFoundError) with the install command when the bundled
     model's package is absent.
     """
+    if isinstance(name_or_path, str) and name_or_path.strip().lower().startswith(LLAMACPP_PREFIX):
+        name_or_path, backend = name_or_path.strip()[len(LLAMACPP_PREFIX):], "llamacpp"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "llamacpp":
+        placed = tp or device_map is not None or max_memory is not None or offload_folder is not None
+        return _load_llamacpp(os.fspath(name_or_path), dtype, device, placed)
     name, spec_dtype = parse_model_spec(name_or_path)
     if spec_dtype is not None and dtype is not None and resolve_dtype(dtype) != DTYPES[spec_dtype]:
         raise ValueError(f"dtype {dtype!r} contradicts the model spec {name_or_path!r}")

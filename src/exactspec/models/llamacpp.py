@@ -1,0 +1,222 @@
+"""llama.cpp through llama-cpp-python's low-level API: GGUF files, rows as sequences of one
+context, and a GGUF model loaded to be a target (`LlamaCppModel`).
+
+Both the llama.cpp draft (`exactspec.drafters.llamacpp`) and the llama.cpp target
+(`exactspec.targets.LlamaCppTarget`) keep their rows in `Sequences`: one llama.cpp context
+(one unified KV cache) for up to MAX_ROWS rows, each a llama.cpp sequence with its own
+positions, so ragged rows need no padding and a rejected draft leaves its row by
+`llama_memory_seq_rm` alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import weakref
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+INSTALL_HINT = ("llama-cpp-python is not installed: pip install 'exactspec[llamacpp]' "
+                "(or `make setup`, which builds it)")
+# llama.cpp aborts the process (no error code) unless n_ctx and n_ubatch are at least n_seq_max.
+MAX_ROWS = 256  # llama.cpp's limit on sequences in one context (LLAMA_MAX_SEQ)
+BATCH_TOKENS = 512  # the most tokens one llama_decode call takes; longer feeds are split
+FIRST_CONTEXT = 4096  # KV cells at the start; doubled whenever the rows need more
+
+
+def import_llama_cpp():
+    """The llama_cpp module, quiet (its C log silenced), or ImportError with the install line."""
+    try:
+        import llama_cpp
+    except ImportError as err:
+        raise ImportError(INSTALL_HINT) from err
+    if not hasattr(import_llama_cpp, "log_callback"):  # kept alive: C holds the pointer
+        import_llama_cpp.log_callback = llama_cpp.llama_log_callback(lambda level, text, data: None)
+        llama_cpp.llama_log_set(import_llama_cpp.log_callback, ctypes.c_void_p(0))
+    return llama_cpp
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def torch_on_one_thread():
+    """torch on one thread inside the block: beside llama.cpp, torch's work (p or q from
+    logits, the draws) is small, and a parallel region would leave torch's OpenMP workers
+    spinning on the cores the next llama.cpp decode needs — however GOMP_SPINCOUNT was set,
+    whatever was imported first."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.lru_cache(maxsize=4)
+def load_gguf(path: str):
+    """llama.cpp's model for a GGUF file, loaded once per process (each user makes its own
+    context, i.e. its own KV cache, from it)."""
+    from llama_cpp import _internals
+
+    return _internals.LlamaModel(path_model=path, verbose=False,
+                                 params=import_llama_cpp().llama_model_default_params())
+
+
+@functools.lru_cache(maxsize=4)
+def token_list(path: str) -> tuple[str, ...]:
+    """The GGUF's tokens: token id i is token_list(path)[i]."""
+    model = load_gguf(path)
+    return tuple(model.token_get_text(i) for i in range(model.n_vocab()))
+
+
+def end_tokens(path: str) -> list[int]:
+    """The ids llama.cpp ends a generation on (end of generation: EOS, end of turn, ...)."""
+    llama = import_llama_cpp()
+    vocab = llama.llama_model_get_vocab(load_gguf(path).model)
+    return [i for i in range(llama.llama_vocab_n_tokens(vocab)) if llama.llama_vocab_is_eog(vocab, i)]
+
+
+class LlamaCppModel:
+    """A GGUF file loaded by llama.cpp to be a target (`load_model(..., backend="llamacpp")`).
+
+    It holds the file and the facts `exactspec.models.loaded` reads from a model's config: its
+    training context, its vocabulary size and the ids llama.cpp ends a generation on. Each
+    generation runs it in its own context (`exactspec.targets.LlamaCppTarget`)."""
+
+    backend = "llamacpp"
+
+    def __init__(self, path: str | os.PathLike, name: str):
+        self.path = Path(path).expanduser().resolve()
+        self.llama = load_gguf(str(self.path))
+        self.device = torch.device("cpu")
+        self.config = SimpleNamespace(name_or_path=name, max_position_embeddings=self.llama.n_ctx_train(),
+                                      vocab_size=self.llama.n_vocab(), eos_token_id=end_tokens(str(self.path)))
+
+    def tokens(self) -> tuple[str, ...]:
+        return token_list(str(self.path))
+
+
+class Sequences:
+    """Rows as sequences of one llama.cpp context: row b is sequence seqs[b], and fed[b] lists its
+    tokens in the KV cache (positions 0..len−1). The context is made on first use; `make_room`
+    replaces it by one twice the size when the rows' tokens would not fit."""
+
+    def __init__(self, model, name: str, n_threads: int, vocab_size: int):
+        self.llama, self.model, self.name = import_llama_cpp(), model, name
+        self.n_threads, self.vocab_size = n_threads, vocab_size
+        self.context = None
+        self.seqs: list[int] = []
+        self.fed: list[list[int]] = []
+        self.calls = self.tokens_fed = 0
+
+    def clear(self) -> None:
+        """No rows (the context, if made, is kept and its KV cache emptied)."""
+        if self.context is None:
+            self.new_context(FIRST_CONTEXT)
+        else:
+            self.llama.llama_memory_clear(self.memory, True)
+        self.seqs, self.fed = [], []
+
+    def add(self, rows: int, what: str) -> None:
+        """`rows` new rows, appended last, each an empty free sequence."""
+        free = sorted(set(range(MAX_ROWS)) - set(self.seqs))
+        if rows > len(free):
+            raise ValueError(f"{what} {self.name!r} serves at most {MAX_ROWS} rows at once, "
+                             f"got {len(self.seqs) + rows}")
+        for seq in free[:rows]:
+            self.llama.llama_memory_seq_rm(self.memory, seq, -1, -1)
+            self.seqs.append(seq)
+            self.fed.append([])
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only these rows, in this order; the others free their sequences."""
+        for b in set(range(len(self.seqs))) - set(keep):
+            self.llama.llama_memory_seq_rm(self.memory, self.seqs[b], -1, -1)
+        self.seqs = [self.seqs[b] for b in keep]
+        self.fed = [self.fed[b] for b in keep]
+
+    def truncate(self, row: int, length: int) -> None:
+        """Row `row` keeps only its first `length` tokens."""
+        if length < len(self.fed[row]):
+            del self.fed[row][length:]
+            self.llama.llama_memory_seq_rm(self.memory, self.seqs[row], length, -1)
+
+    def make_room(self, new_tokens: int) -> list[list[int]] | None:
+        """Before a feed of new_tokens: if the KV cells cannot hold every row's tokens, a context
+        twice the size (or more) replaces this one, and each row's old tokens are returned (to be
+        fed again); None when they fit."""
+        needed = sum(map(len, self.fed)) + new_tokens
+        size = self.llama.llama_n_ctx(self.context)
+        if needed <= size:
+            return None
+        while size < needed:
+            size *= 2
+        self.new_context(size)
+        old, self.fed = self.fed, [[] for _ in self.seqs]
+        return old
+
+    def set_threads(self, count: int) -> None:
+        self.llama.llama_set_n_threads(self.context, count, count)
+
+    def decode(self, tokens: list[list[int]], every: bool = False) -> torch.Tensor:
+        """Feed tokens[b] to row b (all rows, in decodes of at most BATCH_TOKENS tokens). Returns
+        float32 logits over the usable vocabulary: after every fed token (every=True,
+        [Σ_b len(tokens[b]), V], rows in order), else after each row's last token ([B, V];
+        a row given no tokens gets a row of zeros)."""
+        entries = [(b, token, len(self.fed[b]) + i, every or i == len(row) - 1)
+                   for b, row in enumerate(tokens) for i, token in enumerate(row)]
+        out = torch.zeros(len(entries) if every else len(tokens), self.vocab_size)  # [n, V]
+        written = 0
+        for start in range(0, len(entries), BATCH_TOKENS):
+            chunk = entries[start: start + BATCH_TOKENS]
+            written = self._decode_chunk(chunk, out, written, every)
+        for b, row in enumerate(tokens):
+            self.fed[b] += row
+        self.tokens_fed += len(entries)
+        return out
+
+    def _decode_chunk(self, chunk, out: torch.Tensor, written: int, every: bool) -> int:
+        batch = self.batch.batch
+        for j, (b, token, pos, wanted) in enumerate(chunk):
+            batch.token[j], batch.pos[j], batch.logits[j] = token, pos, wanted
+            batch.seq_id[j][0], batch.n_seq_id[j] = self.seqs[b], 1
+        batch.n_tokens = len(chunk)
+        if self.llama.llama_decode(self.context, batch):
+            raise RuntimeError(f"{self.name!r}: llama_decode failed on {len(chunk)} tokens")
+        self.calls += 1
+        rows = [b for b, _, _, wanted in chunk if wanted]
+        if rows:  # llama.cpp's outputs: one row of n_vocab floats per wanted entry, in order
+            logits = np.ctypeslib.as_array(self.llama.llama_get_logits(self.context),
+                                           shape=(len(rows), self.n_vocab))[:, : self.vocab_size]
+            where = torch.arange(written, written + len(rows)) if every else torch.tensor(rows)
+            out[where] = torch.from_numpy(logits)
+        return written + len(rows)
+
+    def new_context(self, n_ctx: int) -> None:
+        """A llama.cpp context (its KV cache) of n_ctx cells for up to MAX_ROWS sequences, freed
+        with this object (or when replaced)."""
+        from llama_cpp import _internals
+
+        params = self.llama.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, BATCH_TOKENS, BATCH_TOKENS
+        params.n_seq_max, params.kv_unified = MAX_ROWS, True
+        params.n_threads = params.n_threads_batch = self.n_threads
+        if self.context is not None:
+            self._free_context()
+        self.context = self.llama.llama_init_from_model(self.model.model, params)
+        if self.context is None:
+            raise RuntimeError(f"{self.name!r}: llama.cpp could not make a context of {n_ctx} tokens")
+        self._free_context = weakref.finalize(self, self.llama.llama_free, self.context)
+        self.memory = self.llama.llama_get_memory(self.context)
+        self.batch = _internals.LlamaBatch(n_tokens=BATCH_TOKENS, embd=0, n_seq_max=1, verbose=False)
+        self.n_vocab = self.model.n_vocab()

@@ -1,0 +1,126 @@
+"""Per-row bookkeeping of a generation: each row's new tokens, counters and budget, and which
+rows are still generating. A row ends on an EOS, on its budget, or when `on_tokens` returns
+`EndRow`; a prefix of an exact sample is an exact sample, so a row is exact however it ends."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one generation. output tokens = accepted drafts + corrections + bonus tokens."""
+
+    output_tokens: int = 0
+    accepted_drafts: int = 0
+    drafted_tokens: int = 0
+    corrections: int = 0
+    bonus_tokens: int = 0
+    rounds: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    target_tokens_fed: int = 0
+    draft_tokens_fed: int = 0
+    padding_fed: int = 0  # batches: padding slots run through either model
+    hole_fraction: float = 0.0  # batches: mean share of the target cache's columns that are holes
+    wall_seconds: float = 0.0
+    time_to_first_token: float | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_drafts / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def tokens_per_round(self) -> float | None:
+        return self.output_tokens / self.rounds if self.rounds else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.output_tokens / self.wall_seconds if self.wall_seconds > 0 else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate,
+                "tokens_per_round": self.tokens_per_round, "tokens_per_s": self.tokens_per_s}
+
+
+def cut(tokens: list[int], eos: set[int], budget: int) -> list[int]:
+    """The tokens up to and including the first EOS, and at most `budget` of them."""
+    for i, token in enumerate(tokens[:budget]):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens[:budget]
+
+
+class Rows:
+    """Per-row bookkeeping: new tokens, counters, and which rows are still generating."""
+
+    def __init__(self, batch: int, max_new_tokens: int, eos: set[int], clock, on_tokens):
+        self.new = [[] for _ in range(batch)]
+        self.stats = [DecodeStats() for _ in range(batch)]
+        self.active = torch.arange(batch)  # original index of each row still in the batch
+        self.max_new_tokens, self.eos, self.clock, self.on_tokens = max_new_tokens, eos, clock, on_tokens
+        self.budget = [max_new_tokens] * batch  # per original row: rows may differ (rule 8)
+        self.first_token_at: float | None = None
+
+    def budget_left(self) -> int:
+        return max(self.budget[r] - len(self.new[r]) for r in self.active.tolist())
+
+    def join(self, budgets: list[int]) -> None:
+        """Rows joining the batch at a round boundary: new original indices, appended last."""
+        first = len(self.new)
+        self.new += [[] for _ in budgets]
+        self.stats += [DecodeStats() for _ in budgets]
+        self.budget += list(budgets)
+        self.active = torch.cat([self.active, torch.arange(first, first + len(budgets))])
+
+    def record(self, result, drafted: int, target_calls: int, draft_calls: int) -> torch.Tensor:
+        """Count one round per active row; return the batch positions of rows still going."""
+        now = self.clock.read()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        going = []
+        for i, row in enumerate(self.active.tolist()):
+            tau = int(result.num_accepted[i])
+            new = cut(result.tokens[i, : tau + 1].tolist(), self.eos,
+                       self.budget[row] - len(self.new[row]))
+            ended = self.on_tokens(row, new) if self.on_tokens is not None and new else None
+            if isinstance(ended, EndRow):  # the callback's stopping rule ends the row here
+                new = new[: ended.keep]
+            self.new[row].extend(new)
+            count_round(self.stats[row], new, drafted if isinstance(drafted, int) else drafted[i],
+                         tau, target_calls, draft_calls)
+            if self.stats[row].time_to_first_token is None and new:
+                self.stats[row].time_to_first_token = now
+            if (isinstance(ended, EndRow) or new and new[-1] in self.eos
+                    or len(self.new[row]) >= self.budget[row]):
+                self.stats[row].wall_seconds = now
+            else:
+                going.append(i)
+        return torch.tensor(going, dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class EndRow:
+    """What `on_tokens(row, new_ids)` returns to end that row after the first `keep` of new_ids
+    (a stopping rule: one that reads only the row's own tokens keeps the output exact)."""
+
+    keep: int
+
+
+def count_round(stats: DecodeStats, new: list[int], drafted: int, tau: int,
+                 target_calls: int, draft_calls: int) -> None:
+    """Count what the round emitted for one row (EOS or the budget may have cut it short)."""
+    stats.rounds += 1
+    stats.target_calls += target_calls
+    stats.draft_calls += draft_calls
+    stats.drafted_tokens += drafted
+    stats.output_tokens += len(new)
+    stats.accepted_drafts += min(tau, len(new))
+    if len(new) == tau + 1:
+        if tau == drafted:
+            stats.bonus_tokens += 1
+        else:
+            stats.corrections += 1
+
+

@@ -1,0 +1,130 @@
+"""The target protocol: what the engine asks of the model that verifies, and its two backends.
+
+A target holds B rows of committed tokens (its cache) and scores new tokens after them:
+
+- `prefill(tokens[B, n], valid[B, n]) -> [B, V]`: the rows' prompts (left-padded; `valid`
+  marks real tokens), returning the logits after each row's last one;
+- `feed(tokens[B, n]) -> [B, n, V]`: n more tokens per row (a round's [last committed token,
+  drafts]), the logits after each;
+- `discard_last(counts[B])`: row b forgets its last counts[b] tokens (drafts scored under a
+  prefix that was not kept: the stop-at-first-rejection rule);
+- `select(rows)`: keep these rows, in this order (finished rows leave);
+- `join(tokens[n, L], valid[n, L])`: n rows appended last with these tokens (no logits);
+- `threads()`: a context manager the generation runs in (where the backend wants torch's
+  threads out of its way);
+- `model` (what the controller's timings belong to), `name`, `device`, `vocab_size`, and the
+  counters `calls`, `tokens_fed`, `padding_fed`, `hole_shares`.
+
+Logits are float, over the usable vocabulary V, and finite (NaN or +inf, or −inf everywhere,
+raise an error naming the position): p is `SamplingConfig.probs` of them, whatever the backend.
+
+`exactspec.cache.CachedModel` is the Hugging Face target (a rectangular KV cache with holes);
+`LlamaCppTarget` runs a GGUF file through llama.cpp, each row a sequence of one context.
+`make_target` picks by the loaded model.
+"""
+from __future__ import annotations
+
+import torch
+
+from exactspec.cache import CachedModel, check_finite
+from exactspec.models.llamacpp import Sequences, torch_on_one_thread, usable_cores
+
+
+def make_target(model, name: str, vocab_size: int, batch_size: int):
+    """The target for a loaded model: llama.cpp's for a `LlamaCppModel`, else `CachedModel`."""
+    if getattr(model, "backend", None) == "llamacpp":
+        return LlamaCppTarget(model, name, vocab_size, batch_size)
+    return CachedModel(model, name, vocab_size, batch_size)
+
+
+class LlamaCppTarget:
+    """A GGUF target run by llama.cpp: each row a sequence of one context (`Sequences`), so
+    rows are ragged without holes and a row forgets its rejected drafts alone. A round's pass
+    asks llama.cpp for the logits after every fed token. The context starts large enough for
+    the first batch's rows and grows by doubling (the rows' tokens are then fed again).
+
+    Its decodes run on every core this process may use; torch runs on one thread during the
+    generation (`threads`), since its share (p from logits, the draws) is small beside the
+    pass and its idle OpenMP workers would spin on the cores llama.cpp needs."""
+
+    padding_fed = 0  # sequences need no padding
+    hole_shares: list = []  # nor holes
+
+    def __init__(self, model, name: str, vocab_size: int, batch_size: int = 1):
+        self.model, self.name, self.vocab_size = model, name, vocab_size
+        self.device = torch.device("cpu")
+        self.rows = Sequences(model.llama, f"target {name}", usable_cores(), vocab_size)
+        self.rows.clear()
+
+    calls = property(lambda self: self.rows.calls)
+    tokens_fed = property(lambda self: self.rows.tokens_fed)
+
+    def threads(self):
+        return torch_on_one_thread()
+
+    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """The prompts tokens[B, n] (`valid` marks real tokens); the logits after each. [B, V]"""
+        self.rows.add(tokens.size(0), "target")
+        prompts = [row[ok.bool()].tolist() for row, ok in zip(tokens, valid)]
+        self._make_room(sum(map(len, prompts)))
+        logits = self.rows.decode(prompts)  # [B, V]
+        self._check(logits.unsqueeze(1), [[len(p) - 1] for p in prompts])
+        return logits
+
+    def feed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens[B, n] after each row's tokens; the logits after each of them. [B, n, V]"""
+        batch, n = tokens.shape
+        before = [len(fed) for fed in self.rows.fed]
+        self._make_room(batch * n)
+        logits = self.rows.decode(tokens.tolist(), every=True).view(batch, n, -1)  # [B, n, V]
+        self._check(logits, [range(k, k + n) for k in before])
+        return logits
+
+    def discard_last(self, counts: torch.Tensor) -> None:
+        for b, count in enumerate(counts.tolist()):
+            self.rows.truncate(b, len(self.rows.fed[b]) - count)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.rows.select(rows.tolist())
+
+    def join(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        """Rows appended last, their valid tokens fed (a prompt minus its last token)."""
+        first = len(self.rows.seqs)
+        self.rows.add(tokens.size(0), "target")
+        prompts = [row[ok.bool()].tolist() for row, ok in zip(tokens, valid)]
+        self._make_room(sum(map(len, prompts)))
+        self.rows.decode([[] for _ in range(first)] + prompts)
+
+    def _make_room(self, new_tokens: int) -> None:
+        """A context that holds the rows' tokens and new_tokens more: when llama.cpp's grows,
+        every row's tokens are fed again (no logits)."""
+        old = self.rows.make_room(new_tokens)
+        if old is not None:
+            self.rows.decode(old)
+
+    def _check(self, logits: torch.Tensor, positions) -> None:
+        check_finite(logits, torch.ones(logits.shape[:2], dtype=torch.bool),
+                     torch.tensor([list(p) for p in positions]), self.name)
+
+
+class Scorer:
+    """A target's scores for the round loop, holding the logits after the prompt until the first
+    round uses them.
+
+    The prefill already scored each row's last prompt token, so the first round feeds only its
+    drafts; every later round feeds [last committed token, drafts]."""
+
+    def __init__(self, target, ids: torch.Tensor, valid: torch.Tensor):
+        self.target = target
+        self.after_prompt = target.prefill(ids, valid)  # [B, V], the logits of the first new position
+
+    def score(self, last: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        """Logits for the positions after the last committed token and after each draft. [b, γ'+1, V]"""
+        if self.after_prompt is None:
+            return self.target.feed(torch.cat([last.unsqueeze(1), drafts], dim=1))  # [b, γ'+1, V]
+        first = self.after_prompt.unsqueeze(1)  # [B, 1, V]
+        self.after_prompt = None
+        if not drafts.size(1):
+            return first
+        return torch.cat([first, self.target.feed(drafts)], dim=1)  # [B, γ'+1, V]
+
