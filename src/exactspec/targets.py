@@ -53,7 +53,7 @@ class LlamaCppTarget:
     def __init__(self, model, name: str, vocab_size: int, batch_size: int = 1):
         self.model, self.name, self.vocab_size = model, name, vocab_size
         self.device = torch.device("cpu")
-        self.rows = Sequences(model.llama, f"target {name}", usable_cores(), vocab_size)
+        self.rows = Sequences(model.llama, name, usable_cores(), vocab_size)
         self.rows.clear()
 
     calls = property(lambda self: self.rows.calls)

@@ -56,6 +56,9 @@ def register(subparsers) -> None:
                                              "grounded prompt (an edit of a given text) and an "
                                              "open one, each with plain decoding and with "
                                              "--draft auto --gamma auto; compare.")
+    demo.add_argument("--target", default=DEFAULT_TARGET,
+                      help=f"the target: {DEFAULT_TARGET} (default) or llamacpp:{DEFAULT_TARGET} "
+                           "(its GGUF run by llama.cpp), or any target spec")
     demo.add_argument("--gamma", default="auto", help="draft tokens per round, or 'auto' (default)")
     demo.add_argument("--max-new-tokens", type=int, default=96, help="default: 96")
     demo.add_argument("--temperature", type=float, default=0.0,
@@ -67,7 +70,8 @@ def register(subparsers) -> None:
 
 def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET,
-                        help=f"target model spec NAME_OR_PATH[@DTYPE] (default: {DEFAULT_TARGET})")
+                        help=f"target model spec NAME_OR_PATH[@DTYPE], or llamacpp:NAME_OR_PATH (a GGUF "
+                             f"run by llama.cpp) (default: {DEFAULT_TARGET})")
     parser.add_argument("--gamma", default="auto",
                         help="draft tokens per round, or 'auto': chosen each round from the "
                              "measured costs and acceptance (default: auto)")
@@ -224,7 +228,7 @@ def _draft(spec: str, target, dtype: str | None = None):
     if spec.lower() in ("none", "ngram"):
         return None if spec.lower() == "none" else "ngram"
     if spec.lower() == "auto" or spec.lower().startswith("auto:"):
-        model = _model_draft(spec[len("auto:"):] or default_model_spec(target.name), target, dtype)
+        model = _model_draft(spec[len("auto:"):] or default_model_spec(target), target, dtype)
         drafter = make_drafter("auto", default_model=model)
         drafter.spec = f"auto:{_draft_name(model)}"  # for the tables and --json
         return drafter
@@ -279,10 +283,8 @@ def _parse_gamma(text):
 
 
 def run_demo(args) -> int:
-    from exactspec.models import BUNDLED_MODEL
-
     _check_common(args)
-    target = _load(BUNDLED_MODEL)
+    target = _load(args.target)
     draft = _draft("auto", target)
     results = [_demo_prompt(target, draft, kind, prompt, args) for kind, prompt in DEMO_PROMPTS]
     if args.json:

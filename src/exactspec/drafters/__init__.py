@@ -46,25 +46,36 @@ def is_llamacpp_spec(spec) -> bool:
     return isinstance(spec, str) and spec.split(":")[0].lower() == LLAMACPP
 
 
-def default_model_spec(target_name: str) -> str:
-    """The spec of a target's default model draft, from the target's name: "llamacpp" (its own
-    file through llama.cpp) for the bundled model or a `.gguf` file when llama-cpp-python is
-    installed, else its weights in bfloat16 ("NAME@bfloat16"). `default_model_draft` makes the
-    same choice for a target already loaded."""
-    from exactspec.models import BUNDLED_MODEL
-    from exactspec.models.packaged import packaged_model
+def default_model_spec(target_name) -> str:
+    """The spec of a target's default model draft, from the target's name (or its LoadedModel):
+    for a llama.cpp target ("llamacpp:NAME"), the real pair's 0.5B through llama.cpp when the
+    target is its 1.5B, else its own file; for a torch target, "llamacpp" (its own file through
+    llama.cpp) for the bundled model or a `.gguf` file when llama-cpp-python is installed, else
+    its weights in bfloat16 ("NAME@bfloat16"). `default_model_draft` makes the same choice for
+    a target already loaded."""
+    from exactspec.models import BUNDLED_MODEL, LoadedModel
+    from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET, packaged_model
 
+    if isinstance(target_name, LoadedModel):
+        target_name = target_name.spec if target_name.backend == LLAMACPP else target_name.name
+    if is_llamacpp_spec(target_name):
+        named = target_name[len(LLAMACPP) + 1:].strip().lower()
+        return f"{LLAMACPP}:{PAIR_DRAFT}" if named == PAIR_TARGET else LLAMACPP
     from_gguf = (target_name.lower() == BUNDLED_MODEL or packaged_model(target_name) is not None
                  or target_name.lower().endswith(".gguf"))
     return LLAMACPP if from_gguf and llamacpp_available() else f"{target_name}@bfloat16"
 
 
 def default_model_draft(target) -> Drafter:
-    """The model draft used when none is named: llama.cpp running the file the target was
-    loaded from, when it was a GGUF (the bundled model is) and llama-cpp-python is installed;
-    otherwise the target's own weights in bfloat16, sharing its tokenizer."""
+    """The model draft used when none is named: for a llama.cpp target the one
+    `default_model_spec` names; else llama.cpp running the file the target was loaded from, when
+    it was a GGUF (the bundled model is) and llama-cpp-python is installed; otherwise the
+    target's own weights in bfloat16, sharing its tokenizer."""
     from exactspec.drafters.llamacpp import gguf_file
+    from exactspec.models import LoadedModel
 
+    if isinstance(target, LoadedModel) and target.backend == LLAMACPP:
+        return _llamacpp_drafter(default_model_spec(target)[len(LLAMACPP) + 1:], target)
     path = gguf_file(target)
     if path is not None and llamacpp_available():
         return _llamacpp_drafter(str(path), target)

@@ -1,0 +1,196 @@
+"""The llama.cpp target (`exactspec.targets.LlamaCppTarget`): the bundled GGUF run by llama.cpp
+verifies, and the output follows its decoding distribution exactly.
+
+p is `SamplingConfig.probs` of llama.cpp's logits, as for every target, so the checks are those
+of the torch target: whole generations chi-squared against the target's joint law enumerated
+from llama.cpp's own logits, greedy speculative output identical to plain decoding on the same
+backend, rows that join, leave and outgrow the context.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ALPHA, chi_square_pvalue
+from exactspec.batching import RowSettings
+from exactspec.engine import Decoder, autoregressive_generate, pad_prompts, speculative_generate
+from exactspec.models import encode_prompt, load_model
+from exactspec.sampling import SamplingConfig
+
+pytest.importorskip("llama_cpp", reason="the llamacpp extra is not installed (make setup builds it)")
+from exactspec.drafters import make_drafter  # noqa: E402
+from exactspec.drafters.llamacpp import LlamaCppDrafter  # noqa: E402
+from exactspec.models import llamacpp as runtime  # noqa: E402
+from exactspec.targets import LlamaCppTarget  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+TEXTS = ["Write a haiku about the sea.", "List three prime numbers.", "Hi"]
+# A prompt that repeats itself, so prompt lookup drafts (point-mass drafts, kept with p(x)).
+REPEATING = "x y x y x y"
+# llama.cpp's logits for a token do not depend on the rest of its decode while the decode holds
+# at most 48 tokens (the bundled model, this build); past about 64 they move by up to 0.34 (its
+# matrix kernels change with the batch). The statistical test keeps every decode that small, so
+# the joint enumerated one prefix at a time is the law the generation's passes compute.
+SMALL_BATCH = 8  # rows: 8 x 6 prompt tokens, 8 x (γ + 1) = 32 tokens a round
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_model("llamacpp:smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+    return [encode_prompt(target, text, chat=False)[0].tolist() for text in TEXTS]
+
+
+def batch(prompts):
+    return pad_prompts([torch.tensor(p) for p in prompts])
+
+
+def as_lists(sequences) -> list[list[int]]:
+    return [row.tolist() for row in sequences]
+
+
+def llama_joint(target, prompt: list[int], length: int, sampling: SamplingConfig) -> dict:
+    """Exact P(first `length` tokens) under the llama.cpp target's decoding distribution, by
+    enumeration in float64: each prefix prefilled alone in a fresh context."""
+    joint = {(): 1.0}
+    for _ in range(length):
+        level = {}
+        for prefix, weight in joint.items():
+            scorer = LlamaCppTarget(target.model, target.name, target.vocab_size)
+            probs = sampling.probs(scorer.prefill(*batch([prompt + list(prefix)]))[0].double())  # [V]
+            level.update({prefix + (t,): weight * probs[t].item() for t in probs.nonzero().flatten().tolist()})
+        joint = level
+    return joint
+
+
+class HotDraft(LlamaCppDrafter):
+    """The bundled GGUF drafting at its own, hotter settings (T = 1.6, top-k 6): q differs from
+    p in shape and support, so drafts are rejected and corrections drawn. Any q is allowed: the
+    rule is exact for whatever the draft sampled from, as long as it reports that q."""
+
+    def propose(self, gamma, sampling, generator):
+        return super().propose(gamma, SamplingConfig(temperature=1.6, top_k=6), generator)
+
+
+def test_whole_generations_follow_the_llama_cpp_target(target):
+    """The first 2 new tokens of 480 generations (60 batches of 8 rows, γ = 3, T = 1, top-k 3;
+    even seeds drafted by prompt lookup, odd ones by the hot draft) against the joint law
+    enumerated from llama.cpp's logits; false-failure rate 1e-6."""
+    prompt = encode_prompt(target, REPEATING, chat=False)[0].tolist()
+    settings, counts, corrections = dict(temperature=1.0, top_k=3), {}, {"ngram": 0, "hot": 0}
+    ids, mask = batch([prompt] * SMALL_BATCH)
+    for seed in range(60):
+        kind = "hot" if seed % 2 else "ngram"
+        drafter = HotDraft(runtime_path(target)) if kind == "hot" else make_drafter("ngram")
+        out = speculative_generate(target, drafter, ids, attention_mask=mask, gamma=3,
+                                   max_new_tokens=2, seed=seed, eos_token_id=[], **settings)
+        corrections[kind] += out.stats.corrections
+        for row in as_lists(out.sequences):
+            key = tuple(row[len(prompt):])
+            counts[key] = counts.get(key, 0) + 1
+    assert min(corrections.values()) > 0  # both drafts were rejected: the correction path ran
+    assert chi_square_pvalue(counts, llama_joint(target, prompt, 2, SamplingConfig(**settings))) > ALPHA
+
+
+def runtime_path(target):
+    return target.model.path
+
+
+NEAR_TIE = 0.05  # logits: a top-2 gap this small may flip with the order llama.cpp sums in
+
+
+def top2(target, tokens: list[int]) -> tuple[list[int], float]:
+    """The llama.cpp target's two likeliest tokens after `tokens`, and the gap of their logits."""
+    scorer = LlamaCppTarget(target.model, target.name, target.vocab_size)
+    top = scorer.prefill(*batch([tokens]))[0].topk(2)
+    return top.indices.tolist(), float(top.values[0] - top.values[1])
+
+
+@pytest.mark.parametrize("draft, gamma, rows", [("ngram", 4, 3), ("llamacpp", 4, 3), ("auto", "auto", 1)])
+def test_greedy_equals_plain_decoding_on_the_same_backend(target, prompts, draft, gamma, rows):
+    """Greedy speculative output is plain decoding's on llama.cpp too, while each decode stays
+    small (see SMALL_BATCH: a ragged batch of 3 rows at γ = 4, or one row at γ = auto, at most
+    33 tokens) — up to near-ties: llama.cpp's sums over the KV cache run in the order of its
+    cells, which rejected drafts rearrange, so two tokens within NEAR_TIE of each other may swap
+    (seen: a gap of 0.007). Where a row differs, it must be at such a tie, between the target's
+    top 2; anything else fails with the gap shown."""
+    for group in range(0, len(prompts), rows):
+        ids, mask = batch(prompts[group: group + rows])
+        plain = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=32, temperature=0)
+        out = speculative_generate(target, make_drafter(draft, target=target), ids, attention_mask=mask,
+                                   gamma=gamma, max_new_tokens=32, temperature=0)
+        for mine, theirs in zip(as_lists(out.sequences), as_lists(plain.sequences)):
+            if mine != theirs:
+                at = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+                best, gap = top2(target, theirs[:at])
+                assert gap < NEAR_TIE and mine[at] in best, (
+                    f"rows differ at position {at}, where the target's top-2 logit gap is {gap:.3g}")
+
+
+def test_a_small_decode_scores_a_token_as_a_decode_of_one_does(target):
+    """What the statistical test relies on: a token's logits from a decode of up to 48 tokens
+    (8 rows of 6) are those from the token alone."""
+    prompt = encode_prompt(target, REPEATING, chat=False)[0].tolist()
+    alone = LlamaCppTarget(target.model, target.name, target.vocab_size).prefill(*batch([prompt]))
+    rows = LlamaCppTarget(target.model, target.name, target.vocab_size, SMALL_BATCH)
+    assert torch.equal(rows.prefill(*batch([prompt] * SMALL_BATCH)), alone.expand(SMALL_BATCH, -1))
+
+
+def test_rows_join_and_leave_the_llama_cpp_target(target, prompts):
+    """Continuous batching on the llama.cpp target: rows join at a round boundary (their
+    prompts fed into new sequences of the same context) and leave as they finish; each equals
+    plain greedy decoding alone."""
+    budgets = [12, 20, 7]
+    greedy = lambda n: RowSettings(max_new_tokens=n, temperature=0)
+    alone = [as_lists(autoregressive_generate(target, torch.tensor([p]), max_new_tokens=n,
+                                              temperature=0, eos_token_id=[]).sequences)[0]
+             for p, n in zip(prompts, budgets)]
+    ids, mask = batch(prompts[:1])
+    decoder = Decoder(target, make_drafter("ngram"), ids, mask, max_new_tokens=budgets[0],
+                      sampling=SamplingConfig(), seed=None, eos_token_id=[], verify="block", on_tokens=None)
+    decoder.use_row_settings([greedy(budgets[0])])
+    decoder.step(4)
+    rows = [0] + decoder.join(*batch(prompts[1:]), [greedy(n) for n in budgets[1:]])
+    while not decoder.done:
+        decoder.step(3)
+    assert [prompt + decoder.rows.new[row] for row, prompt in zip(rows, prompts)] == alone
+
+
+def test_the_context_grows_and_rejected_drafts_leave_their_rows(target, prompts, monkeypatch):
+    """8 rows of about 8 + 30 tokens overflow a first context of 256 cells: a context twice the
+    size replaces it and every row is fed again. Sampled drafts (the hot draft) are rejected and
+    removed row by row; the coupled rule's output is then plain decoding's with that seed (a
+    round decodes 8 x 5 tokens: small, see SMALL_BATCH)."""
+    monkeypatch.setattr(runtime, "FIRST_CONTEXT", 256)
+    sizes, made = [], runtime.Sequences.new_context
+    monkeypatch.setattr(runtime.Sequences, "new_context",
+                        lambda rows, n_ctx: (sizes.append((rows.name, n_ctx)), made(rows, n_ctx))[1])
+    ids, mask = batch((prompts * 3)[:SMALL_BATCH])
+    settings = dict(max_new_tokens=30, temperature=0.8, seed=5, eos_token_id=[])
+    plain = autoregressive_generate(target, ids, attention_mask=mask, **settings)
+    out = speculative_generate(target, HotDraft(runtime_path(target)), ids, attention_mask=mask,
+                               gamma=4, verify="coupled", **settings)
+    assert as_lists(out.sequences) == as_lists(plain.sequences)
+    assert out.stats.accepted_drafts < out.stats.drafted_tokens  # some drafts were rolled back
+    assert sizes.count((target.name, 512)) == 2  # the target's context grew, in both generations
+
+
+def test_the_target_facts_come_from_the_gguf(target):
+    assert target.spec == "llamacpp:smollm2-135m-instruct" and target.backend == "llamacpp"
+    assert target.vocab_size == 49152 and target.context_length == 8192
+    assert 2 in target.eos_token_ids  # <|im_end|>
+
+
+def test_bad_llama_cpp_targets_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="own quantization"):
+        load_model("llamacpp:smollm2-135m-instruct", dtype="bfloat16")
+    with pytest.raises(ValueError, match="a llama.cpp target needs a packaged name or a .gguf file"):
+        load_model(str(tmp_path), backend="llamacpp")
+    with pytest.raises(ValueError, match="tp, device_map"):
+        load_model("smollm2-135m-instruct", backend="llamacpp", tp=True)
+    with pytest.raises(ValueError, match="backend must be one of torch, llamacpp, got 'vllm'"):
+        load_model("smollm2-135m-instruct", backend="vllm")
