@@ -40,8 +40,7 @@ def make_target(model, name: str, vocab_size: int, batch_size: int):
 class LlamaCppTarget:
     """A GGUF target run by llama.cpp: each row a sequence of one context (`Sequences`), so
     rows are ragged without holes and a row forgets its rejected drafts alone. A round's pass
-    asks llama.cpp for the logits after every fed token. The context starts large enough for
-    the first batch's rows and grows by doubling (the rows' tokens are then fed again).
+    asks llama.cpp for the logits after every fed token. The context grows by doubling (each row's cache moved over as it is).
 
     Its decodes run on every core this process may use; torch runs on one thread during the
     generation (`threads`), since its share (p from logits, the draws) is small beside the
@@ -66,7 +65,7 @@ class LlamaCppTarget:
         """The prompts tokens[B, n] (`valid` marks real tokens); the logits after each. [B, V]"""
         self.rows.add(tokens.size(0), "target")
         prompts = [row[ok.bool()].tolist() for row, ok in zip(tokens, valid)]
-        self._make_room(sum(map(len, prompts)))
+        self.rows.make_room(sum(map(len, prompts)))
         logits = self.rows.decode(prompts)  # [B, V]
         self._check(logits.unsqueeze(1), [[len(p) - 1] for p in prompts])
         return logits
@@ -75,7 +74,7 @@ class LlamaCppTarget:
         """tokens[B, n] after each row's tokens; the logits after each of them. [B, n, V]"""
         batch, n = tokens.shape
         before = [len(fed) for fed in self.rows.fed]
-        self._make_room(batch * n)
+        self.rows.make_room(batch * n)
         logits = self.rows.decode(tokens.tolist(), every=True).view(batch, n, -1)  # [B, n, V]
         self._check(logits, [range(k, k + n) for k in before])
         return logits
@@ -92,15 +91,8 @@ class LlamaCppTarget:
         first = len(self.rows.seqs)
         self.rows.add(tokens.size(0), "target")
         prompts = [row[ok.bool()].tolist() for row, ok in zip(tokens, valid)]
-        self._make_room(sum(map(len, prompts)))
+        self.rows.make_room(sum(map(len, prompts)))
         self.rows.decode([[] for _ in range(first)] + prompts)
-
-    def _make_room(self, new_tokens: int) -> None:
-        """A context that holds the rows' tokens and new_tokens more: when llama.cpp's grows,
-        every row's tokens are fed again (no logits)."""
-        old = self.rows.make_room(new_tokens)
-        if old is not None:
-            self.rows.decode(old)
 
     def _check(self, logits: torch.Tensor, positions) -> None:
         check_finite(logits, torch.ones(logits.shape[:2], dtype=torch.bool),

@@ -125,13 +125,18 @@ def auto_model_spec(draft: str, target: str) -> str:
     return spec or default_model_spec(parse_model_spec(target)[0])
 
 
-def pair_settings() -> dict:
+def pair_settings(backend: str = "torch") -> dict:
     """`bench --pair`: the real pair (Qwen2.5-Coder 1.5B target, its 0.5B sibling as draft) on
     HumanEval with every peer: the 0.5B through llama.cpp, in PyTorch (float32), prompt lookup
     and the auto draft (lookup, else the llama.cpp 0.5B), each at γ = auto with the block rule;
     Transformers' assisted generation at γ = 4 and its default schedule, its lookup at 4 and 10;
-    llama.cpp plain and its server's speculation."""
+    llama.cpp plain and its server's speculation. backend "llamacpp": the 1.5B target run by
+    llama.cpp (prompt lookup, auto, the llama.cpp 0.5B) beside llama.cpp's own rows (no
+    Transformers rows: they cannot run a llama.cpp target)."""
     llama = f"llamacpp:{PAIR_DRAFT}"
+    if backend == "llamacpp":  # the 1.5B run by llama.cpp: exactspec's rows beside llama.cpp's own
+        return dict(target=f"llamacpp:{PAIR_TARGET}", drafts=[NGRAM, f"{AUTO}:{llama}", llama],
+                    gammas=[AUTO], verify=["block"], hf_gammas=None, llama_peers=True, peers=False)
     return dict(target=PAIR_TARGET, drafts=[llama, PAIR_DRAFT, NGRAM, f"{AUTO}:{llama}"],
                 gammas=[AUTO], verify=["block"], hf_gammas=[4], llama_peers=True)
 
@@ -223,6 +228,9 @@ class BenchConfig:
             raise ValueError(f"verify must be a subset of {VERIFY_ORDER}, got {self.verify}")
         if not self.prompts:
             raise ValueError("prompts is empty")
+        if self.peers and self.target.strip().lower().startswith("llamacpp:"):
+            raise ValueError(f"peers: Transformers' rows cannot run the llama.cpp target "
+                             f"{self.target!r}; turn peers off")
         if any(p.constraint for p in self.prompts) and (self.peers or self.llama_peers):
             raise ValueError("constrained prompts (the json workload) run exactspec's rows only: "
                              "peers and llama_peers must be off")

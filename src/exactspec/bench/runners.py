@@ -20,6 +20,7 @@ import torch
 from exactspec.bench.config import LLAMA_METHODS, NGRAM, BenchConfig, RunSpec
 from exactspec.bench.results import RunResult
 from exactspec.engine import autoregressive_generate, speculative_generate, synchronize
+from exactspec.models import input_device
 
 
 class _FirstTokenStreamer:
@@ -79,12 +80,11 @@ class Runner:
 
     def __init__(self, target, drafts: dict, config: BenchConfig, llama=None):
         self.target, self.drafts, self.config, self.llama = target, drafts, config, llama
-        self.device = torch.device(getattr(target, "device", None)
-                                   or next(target.model.parameters()).device)
+        self.device = torch.device(getattr(target, "device", None) or input_device(target.model))
         self.pad_token_id = self._pad_token_id()
 
     def _pad_token_id(self) -> int:
-        tokenizer, gen = self.target.tokenizer, self.target.model.generation_config
+        tokenizer, gen = self.target.tokenizer, getattr(self.target.model, "generation_config", None)
         for value in (getattr(gen, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None),
                       getattr(tokenizer, "eos_token_id", None)):
             if isinstance(value, int):

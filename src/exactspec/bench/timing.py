@@ -25,17 +25,21 @@ def context_from_prompts(prompt_ids: list[torch.Tensor], length: int) -> torch.T
 def time_forward(loaded, context_ids: torch.Tensor, sizes: Iterable[int], *, repeats: int = 5,
                  warmup: int = 2) -> dict[int, float]:
     """Median seconds of one forward pass over n new tokens on a KV cache that holds
-    `context_ids` [1, L], for each n in `sizes` (the engine's own `CachedModel.feed`, cropped
-    back after each pass). Sizes are interleaved within each repeat, so noise spreads evenly."""
-    from exactspec.cache import CachedModel
+    `context_ids` [1, L], for each n in `sizes` (the engine's own target, `exactspec.targets`:
+    its `feed`, cut back after each pass). Sizes are interleaved within each repeat, so noise
+    spreads evenly."""
     from exactspec.models import unwrap_model, usable_vocab
+    from exactspec.targets import make_target
 
     model, tokenizer, name = unwrap_model(loaded)
-    lm = CachedModel(model, name, usable_vocab((model, tokenizer)))
+    lm = make_target(model, name, usable_vocab((model, tokenizer)), 1)
+    with lm.threads():
+        return _time_feeds(lm, context_ids.to(lm.device), sorted(set(sizes)), repeats, warmup)
+
+
+def _time_feeds(lm, context_ids: torch.Tensor, sizes: list[int], repeats: int, warmup: int) -> dict:
     device = lm.device
-    context_ids = context_ids.to(device)
-    sizes = sorted(set(sizes))
-    lm.feed(context_ids[:, :-1])
+    lm.prefill(context_ids[:, :-1], torch.ones_like(context_ids[:, :-1], dtype=torch.bool))
     new = context_ids[:, -1:].repeat(1, max(sizes))  # [1, n_max] any real token ids will do
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for i in range(warmup + repeats):

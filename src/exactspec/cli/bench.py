@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 
 from exactspec.cli.common import (CliError, output_path, parse_float, parse_int, print_table,
                                   read_prompts)
@@ -92,6 +93,10 @@ def register(subparsers) -> None:
     p.add_argument("--hf-gammas", metavar="G,G,...",
                    help="Transformers' fixed γ (assisted generation and lookup), when not the "
                         "integer γ of --gammas")
+    p.add_argument("--pair-backend", choices=("torch", "llamacpp"), default="torch",
+                   help="with --pair: run the 1.5B target in PyTorch (default) or through "
+                        "llama.cpp (then exactspec's rows stand beside llama.cpp's own, and "
+                        "Transformers' rows are left out)")
     p.add_argument("--pair", action="store_true",
                    help="the real pair on HumanEval with every peer: target "
                         "qwen2.5-coder-1.5b-instruct; drafts its 0.5B sibling through llama.cpp "
@@ -176,14 +181,19 @@ def config_from_args(args):
     chosen = dict(target=args.target, drafts=drafts, gammas=gammas, verify=verify,
                   hf_gammas=hf_gammas, llama_peers=args.llama_peers)
     if args.pair:
-        chosen.update(bench.pair_settings())
+        chosen.update(bench.pair_settings(args.pair_backend))
+    peers = chosen.pop("peers", args.peers) and not constrained
+    if peers and chosen["target"].strip().lower().startswith("llamacpp:"):
+        print("bench: Transformers' rows cannot run a llama.cpp target; they are left out",
+              file=sys.stderr)
+        peers = False
     temperatures = list(dict.fromkeys(parse_float("--temperature", t, 0.0) for t in args.temperature))
     config = bench.BenchConfig(
         **chosen, temperatures=temperatures, prompts=prompts, prompts_source=source,
         workload=source if workload is not None else None,
         max_new_tokens=parse_int("--max-new-tokens", args.max_new_tokens, 1),
         repeats=parse_int("--repeats", args.repeats, 1), warmup=parse_int("--warmup", args.warmup, 0),
-        peers=args.peers and not constrained, seed=parse_int("--seed", args.seed, 0),
+        peers=peers, seed=parse_int("--seed", args.seed, 0),
         seeds=parse_int("--seeds", args.seeds, 1),
         top_k=None if args.top_k is None else parse_int("--top-k", args.top_k, 1),
         top_p=None if args.top_p is None else parse_float("--top-p", args.top_p, 0.0, 1.0, low_open=True),

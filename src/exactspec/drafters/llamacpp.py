@@ -112,9 +112,7 @@ class LlamaCppDrafter:
             return self._propose(batch, gamma, sampling, generator)
 
     def _propose(self, batch: int, gamma: int, sampling: SamplingConfig, generator) -> Proposal:
-        old = self.rows.make_room(sum(map(len, self.pending)) + batch * gamma)
-        if old is not None:  # a bigger context: every row's tokens are pending again
-            self.pending = [fed + pending for fed, pending in zip(old, self.pending)]
+        self.rows.make_room(sum(map(len, self.pending)) + batch * gamma)
         start, calls, behind = time.perf_counter(), self.calls, self.lag() > 0
         logits = self.rows.decode(self.pending)  # [B, V], after each row's pending tokens
         if behind:  # a prompt, or rounds it sat out: not what a round costs once in step

@@ -109,7 +109,7 @@ class LlamaCppModel:
 class Sequences:
     """Rows as sequences of one llama.cpp context: row b is sequence seqs[b], and fed[b] lists its
     tokens in the KV cache (positions 0..len−1). The context is made on first use; `make_room`
-    replaces it by one twice the size when the rows' tokens would not fit."""
+    replaces it by one twice the size, the rows moved into it, when their tokens would not fit."""
 
     def __init__(self, model, name: str, n_threads: int, vocab_size: int):
         self.llama, self.model, self.name = import_llama_cpp(), model, name
@@ -151,19 +151,27 @@ class Sequences:
             del self.fed[row][length:]
             self.llama.llama_memory_seq_rm(self.memory, self.seqs[row], length, -1)
 
-    def make_room(self, new_tokens: int) -> list[list[int]] | None:
+    def make_room(self, new_tokens: int) -> None:
         """Before a feed of new_tokens: if the KV cells cannot hold every row's tokens, a context
-        twice the size (or more) replaces this one, and each row's old tokens are returned (to be
-        fed again); None when they fit."""
+        twice the size (or more) replaces this one, each row's sequence copied into it as it is
+        (`llama_state_seq_get_data`: its cached keys and values, bit for bit — fed again, they
+        could come out of a larger decode with other numerics)."""
         needed = sum(map(len, self.fed)) + new_tokens
         size = self.llama.llama_n_ctx(self.context)
         if needed <= size:
-            return None
+            return
         while size < needed:
             size *= 2
+        states = []
+        for seq in self.seqs:
+            length = self.llama.llama_state_seq_get_size(self.context, seq)
+            buffer = (ctypes.c_uint8 * length)()
+            self.llama.llama_state_seq_get_data(self.context, buffer, length, seq)
+            states.append(buffer)
         self.new_context(size)
-        old, self.fed = self.fed, [[] for _ in self.seqs]
-        return old
+        for seq, buffer in zip(self.seqs, states):
+            if not self.llama.llama_state_seq_set_data(self.context, buffer, len(buffer), seq):
+                raise RuntimeError(f"{self.name!r}: llama.cpp could not move a row into a context of {size} tokens")
 
     def set_threads(self, count: int) -> None:
         self.llama.llama_set_n_threads(self.context, count, count)
