@@ -149,21 +149,26 @@ def test_sequences_hold_exactly_the_committed_tokens(target, prompts):
 def test_rows_joining_mid_batch_match_greedy_alone(target, prompts):
     """Continuous batching: rows join at a round boundary (lazily: their prompts are fed when the
     draft next proposes) and leave as they finish; each equals plain greedy decoding alone."""
-    greedy = lambda n: RowSettings(max_new_tokens=n, temperature=0)
     budgets = [16, 6, 10]
     alone = [autoregressive_generate(target, torch.tensor([prompt]), max_new_tokens=n,
                                      temperature=0, eos_token_id=[]).sequences[0].tolist()
              for prompt, n in zip(prompts, budgets)]
-    ids, mask = batch(prompts[:1])
     for drafter in (drafter_for(target), AutoDrafter(drafter_for(target))):
-        decoder = Decoder(target, drafter, ids, mask, max_new_tokens=budgets[0], sampling=SamplingConfig(),
-                          seed=None, eos_token_id=[], verify="block", on_tokens=None)
-        decoder.use_row_settings([greedy(budgets[0])])
-        decoder.step(4)
-        rows = [0] + decoder.join(*batch(prompts[1:]), [greedy(n) for n in budgets[1:]])
-        while not decoder.done:
-            decoder.step(3)
-        assert [prompt + decoder.rows.new[row] for row, prompt in zip(rows, prompts)] == alone
+        assert join_mid_batch(target, drafter, prompts, budgets) == alone
+
+
+def join_mid_batch(target, drafter, prompts, budgets) -> list[list[int]]:
+    """Greedy decoding of prompts[0] alone for a round, then of the others joining it; each row's
+    prompt and new tokens."""
+    greedy = lambda n: RowSettings(max_new_tokens=n, temperature=0)
+    decoder = Decoder(target, drafter, *batch(prompts[:1]), max_new_tokens=budgets[0],
+                      sampling=SamplingConfig(), seed=None, eos_token_id=[], verify="block", on_tokens=None)
+    decoder.use_row_settings([greedy(budgets[0])])
+    decoder.step(4)
+    rows = [0] + decoder.join(*batch(prompts[1:]), [greedy(n) for n in budgets[1:]])
+    while not decoder.done:
+        decoder.step(3)
+    return [prompt + decoder.rows.new[row] for row, prompt in zip(rows, prompts)]
 
 
 def test_context_grows_when_the_rows_need_more(target, prompts, monkeypatch):

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from conftest import ALPHA, chi_square_pvalue
-from exactspec.batching import RowSettings
-from exactspec.engine import Decoder, autoregressive_generate, pad_prompts, speculative_generate
+from exactspec.engine import autoregressive_generate, speculative_generate
 from exactspec.models import encode_prompt, load_model
 from exactspec.sampling import SamplingConfig
 
@@ -22,10 +21,10 @@ from exactspec.drafters import make_drafter  # noqa: E402
 from exactspec.drafters.llamacpp import LlamaCppDrafter  # noqa: E402
 from exactspec.models import llamacpp as runtime  # noqa: E402
 from exactspec.targets import LlamaCppTarget  # noqa: E402
+from test_llamacpp import TEXTS, as_lists, batch, join_mid_batch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-TEXTS = ["Write a haiku about the sea.", "List three prime numbers.", "Hi"]
 # A prompt that repeats itself, so prompt lookup drafts (point-mass drafts, kept with p(x)).
 REPEATING = "x y x y x y"
 # llama.cpp's logits for a token do not depend on the rest of its decode while the decode holds
@@ -42,15 +41,8 @@ def target():
 
 @pytest.fixture(scope="module")
 def prompts(target):
+    """The llama.cpp draft's tests' prompts (`test_llamacpp.TEXTS`), encoded."""
     return [encode_prompt(target, text, chat=False)[0].tolist() for text in TEXTS]
-
-
-def batch(prompts):
-    return pad_prompts([torch.tensor(p) for p in prompts])
-
-
-def as_lists(sequences) -> list[list[int]]:
-    return [row.tolist() for row in sequences]
 
 
 def llama_joint(target, prompt: list[int], length: int, sampling: SamplingConfig) -> dict:
@@ -141,7 +133,7 @@ def test_a_small_decode_scores_a_token_as_a_decode_of_one_does(target):
     (8 rows of 6) are those from the token alone."""
     prompt = encode_prompt(target, REPEATING, chat=False)[0].tolist()
     alone = LlamaCppTarget(target.model, target.name, target.vocab_size).prefill(*batch([prompt]))
-    rows = LlamaCppTarget(target.model, target.name, target.vocab_size, SMALL_BATCH)
+    rows = LlamaCppTarget(target.model, target.name, target.vocab_size)
     assert torch.equal(rows.prefill(*batch([prompt] * SMALL_BATCH)), alone.expand(SMALL_BATCH, -1))
 
 
@@ -150,19 +142,10 @@ def test_rows_join_and_leave_the_llama_cpp_target(target, prompts):
     prompts fed into new sequences of the same context) and leave as they finish; each equals
     plain greedy decoding alone."""
     budgets = [12, 20, 7]
-    greedy = lambda n: RowSettings(max_new_tokens=n, temperature=0)
     alone = [as_lists(autoregressive_generate(target, torch.tensor([p]), max_new_tokens=n,
                                               temperature=0, eos_token_id=[]).sequences)[0]
              for p, n in zip(prompts, budgets)]
-    ids, mask = batch(prompts[:1])
-    decoder = Decoder(target, make_drafter("ngram"), ids, mask, max_new_tokens=budgets[0],
-                      sampling=SamplingConfig(), seed=None, eos_token_id=[], verify="block", on_tokens=None)
-    decoder.use_row_settings([greedy(budgets[0])])
-    decoder.step(4)
-    rows = [0] + decoder.join(*batch(prompts[1:]), [greedy(n) for n in budgets[1:]])
-    while not decoder.done:
-        decoder.step(3)
-    assert [prompt + decoder.rows.new[row] for row, prompt in zip(rows, prompts)] == alone
+    assert join_mid_batch(target, make_drafter("ngram"), prompts, budgets) == alone
 
 
 def test_the_context_grows_and_rejected_drafts_leave_their_rows(target, prompts, monkeypatch):
@@ -199,3 +182,29 @@ def test_bad_llama_cpp_targets_are_clear_errors(tmp_path):
         load_model("smollm2-135m-instruct", backend="llamacpp", tp=True)
     with pytest.raises(ValueError, match="backend must be one of torch, llamacpp, got 'vllm'"):
         load_model("smollm2-135m-instruct", backend="vllm")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "hi", "--tp"], r"--tp: tensor parallelism splits a torch target's weights"),
+    (["serve", "--tp"], r"--tp: tensor parallelism splits a torch target's weights"),
+    (["generate", "hi", "--target", "llamacpp:smollm2-135m-instruct@bfloat16"], r"--target: unknown model"),
+])
+def test_where_a_llama_cpp_target_cannot_go_the_cli_says_so(capsys, argv, message):
+    import re
+
+    from exactspec.cli.main import main
+
+    argv = argv + ([] if "--target" in argv else ["--target", "llamacpp:smollm2-135m-instruct"])
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and re.search(message, err), err
+
+
+def test_the_bench_leaves_transformers_rows_out_for_a_llama_cpp_target():
+    from exactspec.bench.config import BUILTIN_PROMPTS, BenchConfig, pair_settings
+
+    settings = pair_settings("llamacpp")
+    assert settings["target"] == "llamacpp:qwen2.5-coder-1.5b-instruct" and not settings["peers"]
+    with pytest.raises(ValueError, match="peers: Transformers' rows cannot run the llama.cpp target"):
+        BenchConfig(target="llamacpp:smollm2-135m-instruct", drafts=["ngram"],
+                    prompts=list(BUILTIN_PROMPTS)).check()

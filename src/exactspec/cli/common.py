@@ -12,11 +12,28 @@ class CliError(Exception):
     """A problem with the user's input, printed as one line."""
 
 
-def start_tp(option: str = "--tp") -> int:
+TARGET_HELP = ("target model spec NAME_OR_PATH[@DTYPE], or llamacpp:NAME_OR_PATH (a GGUF run by "
+               "llama.cpp) (default: %(default)s)")
+
+
+def command(subparsers, name: str, summary: str, description: str, target: str):
+    """A subcommand's parser with its --target option (default `target`)."""
+    parser = subparsers.add_parser(name, help=summary, description=description)
+    parser.add_argument("--target", default=target, help=TARGET_HELP)
+    return parser
+
+
+def start_tp(option: str = "--tp", target: str = "") -> int:
     """Join torchrun's process group for a tensor-parallel target; return the number of ranks.
     Only rank 0 prints: the other ranks' stdout goes to /dev/null (their errors still reach
-    stderr). A CliError naming the option when torchrun did not start this process."""
+    stderr). A CliError naming the option when torchrun did not start this process, or when the
+    target is a llama.cpp one (it has no torch weights to split)."""
     from exactspec import distributed
+    from exactspec.drafters import is_llamacpp_spec
+
+    if is_llamacpp_spec(target):
+        raise CliError(f"{option}: tensor parallelism splits a torch target's weights; the llama.cpp "
+                       f"target {target!r} cannot be split (drop {option})")
 
     try:
         distributed.init()

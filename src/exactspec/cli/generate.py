@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from exactspec.cli.common import CliError, print_json, print_table, read_prompts, start_tp
+from exactspec.cli.common import TARGET_HELP, CliError, print_json, print_table, read_prompts, start_tp
 from exactspec.controller import MAX_GAMMA
 from exactspec.verify import VERIFY_RULES
 
@@ -69,9 +69,7 @@ def register(subparsers) -> None:
 
 
 def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default=DEFAULT_TARGET,
-                        help=f"target model spec NAME_OR_PATH[@DTYPE], or llamacpp:NAME_OR_PATH (a GGUF "
-                             f"run by llama.cpp) (default: {DEFAULT_TARGET})")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=TARGET_HELP)
     parser.add_argument("--gamma", default="auto",
                         help="draft tokens per round, or 'auto': chosen each round from the "
                              "measured costs and acceptance (default: auto)")
@@ -182,7 +180,7 @@ def run_generate(args) -> int:
     if args.stream and len(prompts) > 1:
         raise CliError(f"--stream works with one prompt, got {len(prompts)}")
     args.constraint = _constraint(args)
-    tp = start_tp("--tp") if args.tp else None  # the number of ranks
+    tp = start_tp("--tp", args.target) if args.tp else None  # the number of ranks
     target = _load(args.target, tp=args.tp)
     draft = _draft(args.draft, target, args.draft_dtype)
     input_ids, mask = encode_batch(target, prompts, args.chat)

@@ -11,18 +11,15 @@ import sys
 import time
 
 from exactspec.cli.common import (
-    CliError, parse_float, parse_int, print_json, print_table, start_tp,
+    CliError, command, parse_float, parse_int, print_json, print_table, start_tp,
 )
 from exactspec.cli.generate import DEFAULT_DRAFT, DEFAULT_TARGET, _parse_gamma
 
 
 def register(subparsers) -> None:
-    serve = subparsers.add_parser(
-        "serve", help="serve an OpenAI-compatible API with continuous batching",
-        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and "
-                    "/metrics; concurrent requests share one batch (exact speculative decoding).")
-    serve.add_argument("--target", default=DEFAULT_TARGET,
-                       help=f"target model spec NAME_OR_PATH[@DTYPE] (default: {DEFAULT_TARGET})")
+    serve = command(subparsers, "serve", "serve an OpenAI-compatible API with continuous batching",
+                    "Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics; "
+                    "concurrent requests share one batch (exact speculative decoding).", DEFAULT_TARGET)
     serve.add_argument("--draft", default=DEFAULT_DRAFT,
                        help="'auto' (prompt lookup when the text repeats, else the target's "
                             "bfloat16 copy when it pays, else plain steps), 'auto:SPEC', a draft "
@@ -92,7 +89,7 @@ def _serve_tp(config) -> bool:
     from exactspec.distributed import is_leader
     from exactspec.serve.lockstep import serve_follower
 
-    start_tp("--tp")
+    start_tp("--tp", config.target)
     config.tp = True
     if isinstance(config.draft, str) and config.draft.strip().lower() == "auto":
         from exactspec.models import parse_model_spec
@@ -126,13 +123,12 @@ def _serve_replicas(config, replicas: int, host: str, port: int) -> int:
 
 
 def _register_bench(subparsers) -> None:
-    bench = subparsers.add_parser(
-        "serve-bench", help="drive `exactspec serve` with the openai client, drafting on and off",
-        description="Start two servers on 127.0.0.1 (the drafting settings given, and --draft none), "
+    bench = command(subparsers, "serve-bench",
+                    "drive `exactspec serve` with the openai client, drafting on and off",
+                    "Start two servers on 127.0.0.1 (the drafting settings given, and --draft none), "
                     "drive each with the openai client at each concurrency level (a bounded number "
                     "of streamed chat requests; the run stops by itself) and report total tokens/s, "
-                    "per-request tokens/s and time to first token p50/p95.")
-    bench.add_argument("--target", default=DEFAULT_TARGET, help=f"default: {DEFAULT_TARGET}")
+                    "per-request tokens/s and time to first token p50/p95.", DEFAULT_TARGET)
     bench.add_argument("--draft", default=DEFAULT_DRAFT,
                        help=f"the drafting server's --draft (default: {DEFAULT_DRAFT})")
     bench.add_argument("--gamma", default="auto", help="the drafting server's --gamma (default: auto)")

