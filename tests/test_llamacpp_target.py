@@ -8,6 +8,8 @@ backend, rows that join, leave and outgrow the context.
 """
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -173,7 +175,7 @@ def test_the_target_facts_come_from_the_gguf(target):
     assert 2 in target.eos_token_ids  # <|im_end|>
 
 
-def test_bad_llama_cpp_targets_are_clear_errors(tmp_path):
+def test_bad_llama_cpp_targets_are_clear_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="own quantization"):
         load_model("llamacpp:smollm2-135m-instruct", dtype="bfloat16")
     with pytest.raises(ValueError, match="a llama.cpp target needs a packaged name or a .gguf file"):
@@ -182,6 +184,9 @@ def test_bad_llama_cpp_targets_are_clear_errors(tmp_path):
         load_model("smollm2-135m-instruct", backend="llamacpp", tp=True)
     with pytest.raises(ValueError, match="backend must be one of torch, llamacpp, got 'vllm'"):
         load_model("smollm2-135m-instruct", backend="vllm")
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if the extra were not installed
+    with pytest.raises(ImportError, match=r"pip install 'exactspec\[llamacpp\]'"):
+        load_model("llamacpp:smollm2-135m-instruct")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -460,7 +460,7 @@ def _gguf_tokenizer(gguf_path: Path):
 def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
     """A GGUF file as a llama.cpp target (see `load_model`): its own quantization, on the CPU,
     its tokenizer from the file."""
-    from exactspec.models.llamacpp import LlamaCppModel
+    from exactspec.models.llamacpp import LlamaCppModel, import_llama_cpp
 
     if dtype is not None:
         raise ValueError(f"dtype {dtype!r}: a llama.cpp target runs its GGUF file's own "
@@ -477,6 +477,7 @@ def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
             raise _unknown_model(name, "a llama.cpp target needs a packaged name or a .gguf file")
     else:
         name = name.strip().lower()
+    import_llama_cpp()  # ImportError with the install line, before any file is read
     with _gguf_errors(gguf):
         model = LlamaCppModel(gguf, name)
     return LoadedModel(model=model, tokenizer=_gguf_tokenizer(gguf), name=name, dtype=torch.float32,
