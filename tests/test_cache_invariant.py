@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import exactspec as es
 import exactspec.drafters.model
-import exactspec.engine
+import exactspec.targets
 from exactspec.cache import CachedModel
 from exactspec.drafters import ModelDrafter, NGramDrafter, NoDraft, make_drafter
 from test_batch import near_copy, padded
@@ -64,7 +64,7 @@ class CacheLog:
 def cache_log(monkeypatch):
     log = CacheLog()
     recording = log.cache_class()
-    monkeypatch.setattr(exactspec.engine, "CachedModel", recording)
+    monkeypatch.setattr(exactspec.targets, "CachedModel", recording)
     monkeypatch.setattr(exactspec.drafters.model, "CachedModel", recording)
     return log
 
@@ -237,7 +237,7 @@ def test_caches_match_whatever_is_accepted(tiny_pair, kind, rows, gamma, tempera
     log = CacheLog()
     recording = log.cache_class()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(exactspec.engine, "CachedModel", recording)
+        patch.setattr(exactspec.targets, "CachedModel", recording)
         patch.setattr(exactspec.drafters.model, "CachedModel", recording)
         checked = CheckedDrafter(make_inner(kind, target, draft), target, log)
         ids, mask = padded([PROMPTS[r] for r in rows])
