@@ -428,3 +428,68 @@ def test_grammar_chain_drafts_forced_tokens_then_lookup():
     assert matchers.chain(0, [], 16, lookup) == forced + [ID["c"], ID["e"], ID["}"]]
     assert matchers.chain(0, [], 2, lookup) == forced[:2]
     assert matchers.allowed(None, 1)[0, 0].nonzero().flatten().tolist() == [ID['{"']]  # rolled back
+
+
+class NoDrafting:
+    """A γ controller that never drafts: every round it chooses is a plain step."""
+
+    def choose(self, source):
+        return 0
+
+    def observe(self, *round_facts):
+        pass
+
+
+def test_grammar_rounds_draft_every_forced_token_even_at_gamma_0():
+    """A forced token has p = 1 under its mask: a grammar round drafts all of them whatever γ the
+    controller chose (here always 0), each is kept, and the text is plain decoding's."""
+    target, _ = grammar_pair()
+    ids = torch.tensor([PROMPT])
+    plain = es.autoregressive_generate(target, ids, max_new_tokens=8, temperature=0.0,
+                                       constraint=GRAMMARS["jsonish"])
+    out = es.speculative_generate(target, "ngram", ids, gamma=NoDrafting(), max_new_tokens=8,
+                                  temperature=0.0, constraint=GRAMMARS["jsonish"])
+    assert out.sequences.tolist() == plain.sequences.tolist()
+    assert out.rounds_by_source["grammar"] == 1 and out.kept_by_source["grammar"] == 4
+
+
+def test_grammar_rounds_do_not_score_the_lookup():
+    """After a grammar round the lookup's scores of itself are dropped (it never drafts where the
+    grammar forces), and its tallies start again; the forced drafts came at γ = 0."""
+    from exactspec.drafters.grammar import GrammarDrafter
+
+    matchers = RowMatchers(TOKENIZER, V, {EOS})
+    matchers.join([GRAMMARS["jsonish"]])
+    lookup = NGramDrafter()
+    drafter = GrammarDrafter(lookup, matchers, budget=lambda: 16)
+    drafter.start(torch.tensor([PROMPT]), torch.ones(1, len(PROMPT), dtype=torch.bool), V)
+    assert drafter.next_source() == "grammar"
+    forced = drafter.propose(0, SamplingConfig(), None).tokens[0].tolist()
+    assert forced == matchers.forced(8)[0]
+    drafter.commit(torch.tensor([4]), torch.tensor([ID["c"]]))
+    assert drafter.evidence() == {}
+    assert all(tally == (0, 0) for rows in lookup.evidence().values() for tally in rows)
+
+
+class Vocab:
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def get_vocab(self):
+        return self.vocab
+
+
+def test_lookup_matches_a_value_without_its_leading_space():
+    """A value starts a JSON string without the space it has in the passage: with the tokens
+    folded to their text without a leading space, lookup finds the passage from the value's
+    first word and proposes the passage's own tokens after it."""
+    from exactspec.drafters.ngram import SuffixIndex, space_folding
+
+    folding = space_folding(Vocab({"ĠMaria": 1, "Maria": 2, "▁x": 3, "x": 4, "Ġ": 5, "Ġonly": 6}))
+    assert folding == {1: 2, 3: 4}
+    passage_then_value = [1, 7, 8, 9, 2]  # " Maria", " Lopez", " is", '"', "Maria"
+    assert SuffixIndex(passage_then_value, 4).continuation([], 2, 1, "latest") == []
+    folded = SuffixIndex(passage_then_value, 4, folding)
+    assert folded.continuation([], 2, 1, "latest") == [7, 8]
+    assert folded.lookup(1, "latest") == (1, 0)
+    assert folded.tokens == passage_then_value

@@ -51,6 +51,15 @@ def test_race_draws_follow_the_weights():
     assert int(race(torch.tensor([2.0, 1.0]), torch.tensor([0.0, 5.0]))) == 0
 
 
+def test_a_single_positive_weight_wins_without_noise():
+    """Greedy p (or a token the grammar forces) has one positive weight: the race is that token
+    whatever E_t is, so E_t is not made; with two positive weights it is."""
+    noise = RowNoise(3, 0)
+    assert noise.token(torch.tensor([0.0, 0.0, 1.0, 0.0]), 0) == 2 and not noise._noise
+    noise.token(torch.tensor([0.0, 0.5, 0.5, 0.0]), 1)
+    assert list(noise._noise) == [1]
+
+
 def test_sample_refuses_zero_weight_rows_with_noise():
     with pytest.raises(ValueError, match="zero total weight"):
         sample(torch.zeros(1, 4), [RowNoise(0, 0)])

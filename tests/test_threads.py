@@ -32,3 +32,5 @@ def test_sizes_are_timed_apart_and_counts_are_checked():
     assert ThreadChoice((1, 1)).counts == (1,)
     with pytest.raises(ValueError, match="counts must be positive integers"):
         ThreadChoice((0,))
+    with pytest.raises(ValueError, match="explore_every must be at least 2, got 1"):
+        ThreadChoice((2, 1), explore_every=1)

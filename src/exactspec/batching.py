@@ -161,7 +161,7 @@ class ContinuousBatching:
         one, the drafter drafts what the grammar forces first (`GrammarDrafter`)."""
         self.matchers.join(constraints)
         if self.matchers and not isinstance(self.drafter, (NoDraft, GrammarDrafter)):
-            self.drafter = GrammarDrafter(self.drafter, self.matchers)
+            self.drafter = GrammarDrafter(self.drafter, self.matchers, self.rows.budget_left)
 
     def use_row_settings(self, settings) -> None:
         """Per-row settings for the rows of the first batch, set before the first round."""

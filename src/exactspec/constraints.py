@@ -186,7 +186,7 @@ class RowMatchers:
 
     def forced(self, limit: int) -> list[list[int]]:
         """Each row's next tokens that its grammar forces (llguidance's fast-forward tokens), at
-        most `limit`; [] for an unconstrained row."""
+        most `limit` (None: all of them); [] for an unconstrained row."""
         started = time.perf_counter()
         forced = [[] if m is None else m.compute_ff_tokens()[:limit] for m in self.rows]
         self.seconds += time.perf_counter() - started

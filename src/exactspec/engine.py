@@ -163,7 +163,7 @@ class Decoder(ContinuousBatching):
         self.matchers = RowMatchers(tokenizer, vocab, eos)  # each row's grammar, if it has one
         self.constrain([as_constraint(constraint)] * ids.size(0))
         self.scorer = Scorer(self.lm, self.ids, self.valid)
-        drafter.start(self.ids, self.valid, vocab)
+        self.drafter.start(self.ids, self.valid, vocab)  # the grammar's drafter, if constrained
         for stats in self.rows.stats:  # every row took part in the prefills
             stats.target_calls, stats.draft_calls = self.lm.calls, drafter.calls
         self.last = self.ids[:, -1]  # [B], each row's last committed token

@@ -79,7 +79,11 @@ class RowNoise:
         return self._noise[offset]
 
     def token(self, weights: torch.Tensor, offset: int) -> int:
-        """The race over weights[V] at position start + offset."""
+        """The race over weights[V] at position start + offset. A single positive weight (greedy
+        decoding, a token the grammar forces) wins whatever the noise, which is then not made:
+        E_t is counter-based, so skipping it changes no other position's."""
+        if int((weights > 0).sum()) == 1:
+            return int(weights.argmax())
         return int(race(weights, self.noise(offset, weights.size(-1))))
 
     def draw(self, weights: torch.Tensor) -> int:

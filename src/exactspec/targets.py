@@ -43,7 +43,8 @@ class LlamaCppTarget:
     asks llama.cpp for the logits after every fed token. The context grows by doubling, each
     row's cache moved over as it is.
 
-    Its decodes run on every core this process may use; torch runs on one thread during the
+    Its decodes run on every core this process may use or on one, whichever the model's
+    `ThreadChoice` finds faster now (`Sequences`); torch runs on one thread during the
     generation (`threads`), since its share (p from logits, the draws) is small beside the
     pass and its idle OpenMP workers would spin on the cores llama.cpp needs."""
 
@@ -53,7 +54,7 @@ class LlamaCppTarget:
     def __init__(self, model, name: str, vocab_size: int):
         self.model, self.name, self.vocab_size = model, name, vocab_size
         self.device = torch.device("cpu")
-        self.rows = Sequences(model.llama, name, usable_cores(), vocab_size)
+        self.rows = Sequences(model.llama, name, usable_cores(), vocab_size, model.threads)
         self.rows.clear()
 
     calls = property(lambda self: self.rows.calls)

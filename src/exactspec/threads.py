@@ -17,13 +17,16 @@ EXPLORE_EVERY = 16  # every this many units run a count not chosen, to keep its 
 class ThreadChoice:
     """Chooses among thread counts for units of like work (keyed by their size: a decode of B
     tokens): each count's speed is the median of its last RECENT seconds at that size; the
-    fastest runs, and every EXPLORE_EVERY-th unit another count runs instead, so that a change
+    fastest runs, and every `explore_every`-th unit another count runs instead, so that a change
     in the machine shows within a few dozen units. Counts not yet timed at a size run first."""
 
-    def __init__(self, counts):
+    def __init__(self, counts, explore_every: int = EXPLORE_EVERY):
         self.counts = tuple(dict.fromkeys(int(n) for n in counts))
         if not self.counts or min(self.counts) < 1:
             raise ValueError(f"counts must be positive integers, got {counts!r}")
+        if explore_every < 2:
+            raise ValueError(f"explore_every must be at least 2, got {explore_every!r}")
+        self.explore_every = explore_every
         self.samples: dict[tuple[int, int], list[float]] = {}
         self.units = 0
 
@@ -33,8 +36,8 @@ class ThreadChoice:
         ranked = self._ranked(size)
         if len(ranked) < len(self.counts):
             return next(n for n in self.counts if n not in ranked)  # untimed at this size
-        if len(ranked) > 1 and self.units % EXPLORE_EVERY == 0:
-            return ranked[1 + (self.units // EXPLORE_EVERY) % (len(ranked) - 1)]
+        if len(ranked) > 1 and self.units % self.explore_every == 0:
+            return ranked[1 + (self.units // self.explore_every) % (len(ranked) - 1)]
         return ranked[0]
 
     def record(self, count: int, size: int, seconds: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from exactspec.drafters.base import Proposal, drafter_lag
+from exactspec.drafters.ngram import space_folding
 from exactspec.sampling import SamplingConfig
 
 GRAMMAR = "grammar"  # the source of a round of grammar-forced drafts
@@ -21,14 +22,23 @@ class GrammarDrafter:
     after the drafts so far (a value copied from the prompt, then the punctuation and key after
     it). The inner drafter sees a round it did not draft afterwards (`observe`), as the auto
     draft's idle one does.
-    `matchers` (a `constraints.RowMatchers`) is the Decoder's, kept at the committed tokens;
-    `inner` needs `observe(drafts, num_accepted, next_tokens)` (every drafter here has one)."""
 
-    def __init__(self, inner, matchers):
-        self.inner, self.matchers, self.source = inner, matchers, None
+    A grammar round drafts every forced token even when γ is shorter (or 0): under the mask a
+    forced token is the only one allowed, p(x) = 1, so it is always kept and costs only its share
+    of the pass. Prompt lookup matches tokens folded to their text without a leading space
+    (`ngram.space_folding`): a value starts a JSON string without the space it has in the passage.
+    `matchers` (a `constraints.RowMatchers`) is the Decoder's, kept at the committed tokens;
+    `budget()` the most tokens any row may still generate; `inner` needs
+    `observe(drafts, num_accepted, next_tokens)` (every drafter here has one)."""
+
+    def __init__(self, inner, matchers, budget):
+        self.inner, self.matchers, self.budget, self.source = inner, matchers, budget, None
         self.own = False  # whether this round's drafts are ours (forced, or the inner's cut)
+        self.forced: list[list[int]] = []  # each row's forced tokens, for the round
+        self.scored = True  # whether the last round's evidence counts (`evidence`)
         self.lookup = inner if hasattr(inner, "match_length") else getattr(inner, "lookup", None)
         self.name = inner.name  # timings belong to the model draft; α is kept per source
+        self._fold()  # rows joining a running batch: the lookup has started
 
     calls = property(lambda self: self.inner.calls)
     tokens_fed = property(lambda self: self.inner.tokens_fed)
@@ -41,19 +51,26 @@ class GrammarDrafter:
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         self.inner.start(input_ids, valid, vocab_size)
+        self._fold()
+
+    def _fold(self) -> None:
+        if self.lookup is not None and self.matchers.tokenizer is not None:
+            self.lookup.fold_spaces(space_folding(self.matchers.tokenizer))
 
     def lag(self) -> int:
         return 0 if self.next_source() == GRAMMAR else drafter_lag(self.inner)
 
     def next_source(self) -> str:
         if self.source is None:
-            self.source = GRAMMAR if any(self.matchers.forced(1)) else self.inner.next_source()
+            self.forced = self.matchers.forced(None)
+            self.source = GRAMMAR if any(self.forced) else self.inner.next_source()
         return self.source
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         self.own = True
-        if self.next_source() == GRAMMAR:
+        if self.next_source() == GRAMMAR:  # every forced token, within the budget
+            gamma = max(gamma, min(max(map(len, self.forced)), self.budget() - 1))
             return self._point_mass([self._chain(b, [], gamma) for b in range(len(self.matchers.rows))])
         proposal = self.inner.propose(gamma, sampling, generator)
         if proposal.q is not None:  # model drafts come from a masked q: all allowed
@@ -84,10 +101,15 @@ class GrammarDrafter:
             self.inner.observe(self.drafts, num_accepted, next_tokens)
         else:
             self.inner.commit(num_accepted, next_tokens)
+        self.scored = self.source != GRAMMAR
         self.source, self.own = None, False
 
     def evidence(self) -> dict:
-        return self.inner.evidence() if hasattr(self.inner, "evidence") else {}
+        """The inner drafter's scores of itself (`NGramDrafter.evidence`), except after a grammar
+        round: where the grammar forces the tokens, lookup never drafts, so its hits and misses
+        there say nothing about the rounds it does draft."""
+        scores = self.inner.evidence() if hasattr(self.inner, "evidence") else {}  # drained
+        return scores if self.scored else {}
 
     def select(self, rows: torch.Tensor) -> None:
         self.inner.select(rows)

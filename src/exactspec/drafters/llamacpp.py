@@ -59,8 +59,8 @@ class LlamaCppDrafter:
         import_llama_cpp()  # the install line, if llama-cpp-python is missing
         self.model = load_gguf(str(self.path.resolve()))
         self.n_threads = n_threads or usable_cores()
-        # the draft's one-token decodes run on all its threads or on one, whichever is faster now
-        # (`exactspec.threads`); a count given explicitly is kept
+        # its decodes run on all its threads or on one, whichever is faster now (`Sequences`,
+        # `exactspec.threads`); a count given explicitly is kept
         self.threads = ThreadChoice((self.n_threads, 1)) if n_threads is None else None
         self.name = f"llamacpp:{self.path.name}"
         self.rows, self.device = None, torch.device("cpu")
@@ -86,10 +86,10 @@ class LlamaCppDrafter:
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         if self.rows is None or self.rows.vocab_size != vocab_size:
-            self.rows = Sequences(self.model, f"draft {self.name}", self.n_threads, vocab_size)
+            self.rows = Sequences(self.model, f"draft {self.name}", self.n_threads, vocab_size,
+                                  self.threads)
         self.rows.clear()  # a generation after the first reuses the context, its KV cache emptied
-        self.running_threads, self.pending = self.n_threads, []
-        self.rows.set_threads(self.n_threads)
+        self.pending = []
         self.join(input_ids, valid)
 
     def next_source(self) -> str:
@@ -124,7 +124,7 @@ class LlamaCppDrafter:
             drafts[:, i] = sample(q_i, generator).cpu()  # [B]
             qs.append(q_i)
             if i + 1 < gamma:  # the last draft is fed next round, if it is kept
-                logits = self._step([[token] for token in drafts[:, i].tolist()])  # [B, V]
+                logits = self.rows.decode([[token] for token in drafts[:, i].tolist()])  # [B, V]
         self.drafts = drafts  # [B, γ]
         return Proposal(drafts.to(self.device), torch.stack(qs, dim=1))  # [B, γ], [B, γ, V]
 
@@ -158,15 +158,3 @@ class LlamaCppDrafter:
         self.rows.add(input_ids.size(0), "draft")
         self.pending += [row[mask.bool()].tolist() for row, mask in zip(input_ids, valid)]
 
-    def _step(self, tokens: list[list[int]]) -> torch.Tensor:
-        """A decode of one token per row, on the thread count `threads` chooses, timed for it."""
-        if self.threads is None:
-            return self.rows.decode(tokens)
-        count = self.threads.choose(len(tokens))
-        if count != self.running_threads:
-            self.rows.set_threads(count)
-            self.running_threads = count
-        start = time.perf_counter()
-        logits = self.rows.decode(tokens)
-        self.threads.record(count, len(tokens), time.perf_counter() - start)
-        return logits

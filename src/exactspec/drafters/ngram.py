@@ -1,6 +1,8 @@
 """Prompt lookup: a point-mass draft copied from earlier in the sequence, at zero model cost."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from exactspec.drafters.base import Proposal
@@ -11,27 +13,48 @@ from exactspec.sampling import SamplingConfig
 ONE_TOKEN_MATCH = "ngram-1"  # the source of a lookup whose longest match is one token
 
 
+_FOLDINGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer → its folding
+
+
+def space_folding(tokenizer) -> dict[int, int]:
+    """token → the token of the same text without its leading space (byte-level BPE's "Ġ",
+    SentencePiece's "▁"), for the tokens that have one; computed once per tokenizer. A value
+    copied into a JSON string starts without the space it has in the passage ("Maria" against
+    " Maria"), so matching folded tokens lets lookup find the passage from a value's first word."""
+    if tokenizer in _FOLDINGS:
+        return _FOLDINGS[tokenizer]
+    vocab = tokenizer.get_vocab()  # text → token
+    folding = {token: vocab[text[1:]] for text, token in vocab.items()
+               if text[:1] in ("Ġ", "▁") and text[1:] in vocab}
+    _FOLDINGS[tokenizer] = folding
+    return folding
+
+
 class SuffixIndex:
     """Where each n-gram (n = 1..max_n) of one row's tokens ends, updated as tokens arrive:
-    appending a token costs max_n dictionary inserts, whatever the length of the context."""
+    appending a token costs max_n dictionary inserts, whatever the length of the context.
+    With a `folding` (`space_folding`), n-grams are matched by their folded tokens; what a
+    match proposes is still the row's own tokens."""
 
-    def __init__(self, tokens: list[int], max_n: int):
-        self.tokens, self.max_n, self.ends = [], max_n, {}
+    def __init__(self, tokens: list[int], max_n: int, folding: dict[int, int] | None = None):
+        self.tokens, self.keys, self.max_n, self.ends = [], [], max_n, {}
+        self.folding = folding or {}
         self.extend(tokens)
 
     def extend(self, tokens: list[int]) -> None:
         for token in tokens:
             self.tokens.append(token)
-            end = len(self.tokens) - 1
+            self.keys.append(self.folding.get(token, token))
+            end = len(self.keys) - 1
             for n in range(1, min(self.max_n, end + 1) + 1):
-                self.ends.setdefault(tuple(self.tokens[end - n + 1:]), []).append(end)
+                self.ends.setdefault(tuple(self.keys[end - n + 1:]), []).append(end)
 
     def lookup(self, min_n: int, rule: str) -> tuple[int, int | None]:
         """(n, end) of the longest earlier match of the last n tokens (n ≥ min_n), the earliest or
         the latest occurrence by `rule`; (0, None) when nothing matches."""
-        last = len(self.tokens) - 1
+        last = len(self.keys) - 1
         for n in range(min(self.max_n, last), min_n - 1, -1):
-            ends = self.ends.get(tuple(self.tokens[last - n + 1:]), [])
+            ends = self.ends.get(tuple(self.keys[last - n + 1:]), [])
             if len(ends) > 1:  # the last entry is the suffix itself
                 return n, ends[0] if rule == "earliest" else ends[-2]
         return 0, None
@@ -39,7 +62,8 @@ class SuffixIndex:
     def continuation(self, extra: list[int], gamma: int, min_n: int, rule: str) -> list[int]:
         """The lookup as if `extra` followed the tokens (read only): what followed the chosen
         earlier occurrence of the longest suffix (n ≥ min_n) of tokens + extra, at most γ."""
-        tail, last = (self.tokens + list(extra))[-self.max_n - 1:], len(self.tokens) - 1
+        extra = [self.folding.get(token, token) for token in extra]
+        tail, last = (self.keys + extra)[-self.max_n - 1:], len(self.tokens) - 1
         for n in range(min(self.max_n, len(tail) - 1), min_n - 1, -1):
             ends = [e for e in self.ends.get(tuple(tail[-n:]), []) if e < last]  # a token follows
             if ends:
@@ -66,6 +90,7 @@ class NGramDrafter:
 
     name = "ngram"
     calls = tokens_fed = padding_fed = 0
+    folding = None  # set by `fold_spaces` for one generation
 
     def __init__(self, max_ngram: int = 16, min_ngram: int = 1, rule: str = "latest"):
         if not 1 <= min_ngram <= max_ngram:
@@ -78,8 +103,14 @@ class NGramDrafter:
         return usable_vocab(target)  # it proposes tokens of the sequence itself
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
-        self.rows, self.tallies = [], []
+        self.rows, self.tallies, self.folding = [], [], None
         self.join(input_ids, valid)
+
+    def fold_spaces(self, folding: dict[int, int]) -> None:
+        """Until the next `start`, match n-grams by their folded tokens (`space_folding`); the
+        rows so far are indexed again."""
+        self.folding = folding
+        self.rows = [SuffixIndex(row.tokens, self.max_ngram, folding) for row in getattr(self, "rows", [])]
 
     def next_source(self) -> str:
         return self.source(self.match_length())
@@ -144,5 +175,6 @@ class NGramDrafter:
 
     def join(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
         """New rows (left-padded prompts [n, L]) join at a round boundary."""
-        self.rows += [SuffixIndex(ids[ok].tolist(), self.max_ngram) for ids, ok in zip(input_ids, valid)]
+        self.rows += [SuffixIndex(ids[ok].tolist(), self.max_ngram, self.folding)
+                      for ids, ok in zip(input_ids, valid)]
         self.tallies += [self._tally() for _ in range(input_ids.size(0))]

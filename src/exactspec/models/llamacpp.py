@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import time
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +27,10 @@ INSTALL_HINT = ("llama-cpp-python is not installed: pip install 'exactspec[llama
 MAX_ROWS = 256  # llama.cpp's limit on sequences in one context (LLAMA_MAX_SEQ)
 BATCH_TOKENS = 512  # the most tokens one llama_decode call takes; longer feeds are split
 FIRST_CONTEXT = 4096  # KV cells at the start; doubled whenever the rows need more
+# A target's decodes try a count other than the fastest one in this many: a tried count runs
+# slower on an idle machine (one thread: about 1.6x a token), so a target, whose decodes are the
+# whole cost, tries less often than a draft does (`exactspec.threads.EXPLORE_EVERY`).
+TARGET_EXPLORE_EVERY = 64
 
 
 def import_llama_cpp():
@@ -96,9 +101,14 @@ class LlamaCppModel:
     backend = "llamacpp"
 
     def __init__(self, path: str | os.PathLike, name: str):
+        from exactspec.threads import ThreadChoice
+
         self.path = Path(path).expanduser().resolve()
         self.llama = load_gguf(str(self.path))
         self.device = torch.device("cpu")
+        # each decode on every usable core or on one, whichever is faster now (`Sequences`):
+        # the timings belong to this model and outlive its generations' contexts
+        self.threads = ThreadChoice((usable_cores(), 1), TARGET_EXPLORE_EVERY)
         self.config = SimpleNamespace(name_or_path=name, max_position_embeddings=self.llama.n_ctx_train(),
                                       vocab_size=self.llama.n_vocab(), eos_token_id=end_tokens(str(self.path)))
 
@@ -106,14 +116,25 @@ class LlamaCppModel:
         return token_list(str(self.path))
 
 
+def size_class(tokens: int) -> int:
+    """The size a decode of this many tokens is timed under: 1, 2-3, 4-7, 8-15, ... tokens."""
+    return tokens.bit_length()
+
+
 class Sequences:
     """Rows as sequences of one llama.cpp context: row b is sequence seqs[b], and fed[b] lists its
     tokens in the KV cache (positions 0..len−1). The context is made on first use; `make_room`
-    replaces it by one twice the size, the rows moved into it, when their tokens would not fit."""
+    replaces it by one twice the size, the rows moved into it, when their tokens would not fit.
 
-    def __init__(self, model, name: str, n_threads: int, vocab_size: int):
+    With a `choice` (an `exactspec.threads.ThreadChoice`), each decode runs on the thread count
+    it chooses for the decode's `size_class` and is timed for it (seconds per token): on a
+    machine where another process is busy, llama.cpp's threads wait for each other at every
+    barrier while one of them is descheduled, and one thread can be several times faster."""
+
+    def __init__(self, model, name: str, n_threads: int, vocab_size: int, choice=None):
         self.llama, self.model, self.name = import_llama_cpp(), model, name
-        self.n_threads, self.vocab_size = n_threads, vocab_size
+        self.n_threads, self.vocab_size, self.choice = n_threads, vocab_size, choice
+        self.running = n_threads  # the context's thread count now
         self.context = None
         self.seqs: list[int] = []
         self.fed: list[list[int]] = []
@@ -174,7 +195,9 @@ class Sequences:
                 raise RuntimeError(f"{self.name!r}: llama.cpp could not move a row into a context of {size} tokens")
 
     def set_threads(self, count: int) -> None:
-        self.llama.llama_set_n_threads(self.context, count, count)
+        if count != self.running:
+            self.llama.llama_set_n_threads(self.context, count, count)
+            self.running = count
 
     def decode(self, tokens: list[list[int]], every: bool = False) -> torch.Tensor:
         """Feed tokens[b] to row b (all rows, in decodes of at most BATCH_TOKENS tokens). Returns
@@ -199,6 +222,18 @@ class Sequences:
             batch.token[j], batch.pos[j], batch.logits[j] = token, pos, wanted
             batch.seq_id[j][0], batch.n_seq_id[j] = self.seqs[b], 1
         batch.n_tokens = len(chunk)
+        if self.choice is None:
+            return self._run(chunk, out, written, every)
+        size = size_class(len(chunk))
+        self.set_threads(self.choice.choose(size))
+        started = time.perf_counter()
+        written = self._run(chunk, out, written, every)
+        self.choice.record(self.running, size, (time.perf_counter() - started) / len(chunk))
+        return written
+
+    def _run(self, chunk, out: torch.Tensor, written: int, every: bool) -> int:
+        """llama_decode of the batch filled from chunk; the logits wanted copied into out."""
+        batch = self.batch.batch
         if self.llama.llama_decode(self.context, batch):
             raise RuntimeError(f"{self.name!r}: llama_decode failed on {len(chunk)} tokens")
         self.calls += 1
@@ -221,6 +256,7 @@ class Sequences:
         params.n_threads = params.n_threads_batch = self.n_threads
         if self.context is not None:
             self._free_context()
+        self.running = self.n_threads
         self.context = self.llama.llama_init_from_model(self.model.model, params)
         if self.context is None:
             raise RuntimeError(f"{self.name!r}: llama.cpp could not make a context of {n_ctx} tokens")
