@@ -90,7 +90,7 @@ class LlamaCppTarget:
         """Rows appended last, their valid tokens fed (a prompt minus its last token)."""
         first = len(self.rows.seqs)
         prompts = self._append(tokens, valid)
-        self.rows.decode([[] for _ in range(first)] + prompts)
+        self.rows.decode([[] for _ in range(first)] + prompts, logits=False)
 
     def _append(self, tokens: torch.Tensor, valid: torch.Tensor) -> list[list[int]]:
         """New rows' sequences, and room for their valid tokens; those tokens, per row."""

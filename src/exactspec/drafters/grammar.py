@@ -71,7 +71,8 @@ class GrammarDrafter:
         self.own = True
         if self.next_source() == GRAMMAR:  # every forced token, within the budget
             gamma = max(gamma, min(max(map(len, self.forced)), self.budget() - 1))
-            return self._point_mass([self._chain(b, [], gamma) for b in range(len(self.matchers.rows))])
+            return self._point_mass([self._chain(b, forced[:gamma], gamma)
+                                     for b, forced in enumerate(self.forced)])
         proposal = self.inner.propose(gamma, sampling, generator)
         if proposal.q is not None:  # model drafts come from a masked q: all allowed
             self.own = False

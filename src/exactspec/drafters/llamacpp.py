@@ -28,17 +28,11 @@ def gguf_file(target) -> Path | None:
     pair), or a `.gguf` spec's; None for anything else (a Hugging Face folder or hub model, a
     bare model)."""
     from exactspec.models import LoadedModel
-    from exactspec.models.loading import named_gguf
+    from exactspec.models.loading import gguf_path
 
     if not isinstance(target, LoadedModel):
         return None
-    if target.backend == "llamacpp":
-        return target.model.path
-    packaged = named_gguf(target.name)
-    if packaged is not None:
-        return packaged
-    path = Path(target.name).expanduser()
-    return path if path.suffix.lower() == ".gguf" and path.is_file() else None
+    return target.model.path if target.backend == "llamacpp" else gguf_path(target.name)
 
 
 class LlamaCppDrafter:

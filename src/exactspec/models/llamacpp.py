@@ -21,6 +21,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from exactspec.threads import ThreadChoice
+
 INSTALL_HINT = ("llama-cpp-python is not installed: pip install 'exactspec[llamacpp]' "
                 "(or `make setup`, which builds it)")
 # llama.cpp aborts the process (no error code) unless n_ctx and n_ubatch are at least n_seq_max.
@@ -101,8 +103,6 @@ class LlamaCppModel:
     backend = "llamacpp"
 
     def __init__(self, path: str | os.PathLike, name: str):
-        from exactspec.threads import ThreadChoice
-
         self.path = Path(path).expanduser().resolve()
         self.llama = load_gguf(str(self.path))
         self.device = torch.device("cpu")
@@ -199,14 +199,16 @@ class Sequences:
             self.llama.llama_set_n_threads(self.context, count, count)
             self.running = count
 
-    def decode(self, tokens: list[list[int]], every: bool = False) -> torch.Tensor:
+    def decode(self, tokens: list[list[int]], every: bool = False, logits: bool = True) -> torch.Tensor:
         """Feed tokens[b] to row b (all rows, in decodes of at most BATCH_TOKENS tokens). Returns
         float32 logits over the usable vocabulary: after every fed token (every=True,
         [Σ_b len(tokens[b]), V], rows in order), else after each row's last token ([B, V];
-        a row given no tokens gets a row of zeros)."""
-        entries = [(b, token, len(self.fed[b]) + i, every or i == len(row) - 1)
+        a row given no tokens gets a row of zeros); logits=False: none ([0, V]), the tokens
+        only enter the cache."""
+        entries = [(b, token, len(self.fed[b]) + i, logits and (every or i == len(row) - 1))
                    for b, row in enumerate(tokens) for i, token in enumerate(row)]
-        out = torch.zeros(len(entries) if every else len(tokens), self.vocab_size)  # [n, V]
+        rows = (len(entries) if every else len(tokens)) if logits else 0
+        out = torch.zeros(rows, self.vocab_size)  # [n, V]
         written = 0
         for start in range(0, len(entries), BATCH_TOKENS):
             chunk = entries[start: start + BATCH_TOKENS]

@@ -166,6 +166,16 @@ def named_gguf(name: str) -> Path | None:
     return None if model is None else assemble(model, cache_root() / "gguf")
 
 
+def gguf_path(name: str) -> Path | None:
+    """The GGUF file a model name stands for: a packaged model's (`named_gguf`) or an existing
+    `.gguf` file's; None for anything else (a Hugging Face folder or hub name)."""
+    packaged = named_gguf(name)
+    if packaged is not None or not isinstance(name, str):
+        return packaged
+    path = Path(name).expanduser()
+    return path if path.suffix.lower() == ".gguf" and path.is_file() else None
+
+
 def _gguf_cache_key(path: Path) -> str:
     stat = path.stat()
     ident = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
@@ -470,12 +480,10 @@ def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
     if placed:
         raise ValueError("tp, device_map, max_memory and offload_folder place torch weights; "
                          "a llama.cpp target has none (backend='llamacpp')")
-    gguf = named_gguf(name)
+    gguf = gguf_path(name)
     if gguf is None:
-        gguf = Path(name).expanduser()
-        if gguf.suffix.lower() != ".gguf" or not gguf.is_file():
-            raise _unknown_model(name, "a llama.cpp target needs a packaged name or a .gguf file")
-    else:
+        raise _unknown_model(name, "a llama.cpp target needs a packaged name or a .gguf file")
+    if gguf != Path(name).expanduser():  # a packaged name, not a file's path
         name = name.strip().lower()
     import_llama_cpp()  # ImportError with the install line, before any file is read
     with _gguf_errors(gguf):
