@@ -23,6 +23,7 @@ from exactspec.drafters import make_drafter  # noqa: E402
 from exactspec.drafters.llamacpp import LlamaCppDrafter  # noqa: E402
 from exactspec.models import llamacpp as runtime  # noqa: E402
 from exactspec.targets import LlamaCppTarget  # noqa: E402
+from exactspec.threads import ThreadChoice  # noqa: E402
 from test_llamacpp import TEXTS, as_lists, batch, join_mid_batch  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -215,29 +216,16 @@ def test_the_bench_leaves_transformers_rows_out_for_a_llama_cpp_target():
                     prompts=list(BUILTIN_PROMPTS)).check()
 
 
-class OneThread:
-    """A `ThreadChoice` stand-in: every decode on one thread, each timing recorded."""
-
-    def __init__(self):
-        self.records = []
-
-    def choose(self, size):
-        return 1
-
-    def record(self, count, size, seconds):
-        self.records.append((count, size))
-
-
 def test_decodes_run_on_the_thread_count_chosen_for_their_size(target):
     """Each decode runs on the count its choice names for the decode's size class and is timed
     for it; a target's choice belongs to its model and times every count it may use."""
-    choice = OneThread()
+    choice = ThreadChoice((1,))  # every decode on one thread
     rows = runtime.Sequences(target.model.llama, "t", 2, target.vocab_size, choice)
     rows.clear()
     rows.add(1, "target")
     rows.decode([list(range(10, 15))])  # 5 tokens: size class 3
     rows.decode([[20]])
-    assert choice.records == [(1, 3), (1, 1)] and rows.running == 1
+    assert list(choice.samples) == [(1, 3), (1, 1)] and rows.running == 1
     ids, mask = batch([[1, 2, 3, 4]])
     autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=4, temperature=0.0)
     threads = target.model.threads

@@ -1,7 +1,7 @@
 """`ThreadChoice`: the thread count that is fastest now, kept current by exploring."""
 import pytest
 
-from exactspec.threads import EXPLORE_EVERY, RECENT, ThreadChoice
+from exactspec.threads import EXPLORE_EVERY, RECENT, ThreadChoice, size_class, torch_choice
 
 
 def run(choice, seconds_of, units, size=1):
@@ -34,3 +34,39 @@ def test_sizes_are_timed_apart_and_counts_are_checked():
         ThreadChoice((0,))
     with pytest.raises(ValueError, match="explore_every must be at least 2, got 1"):
         ThreadChoice((2, 1), explore_every=1)
+
+
+def test_run_sets_the_count_then_times_per_token_by_size_class():
+    choice, used = ThreadChoice((2, 1)), []
+    assert choice.run(5, used.append, lambda: "done") == "done"
+    choice.run(6, used.append, lambda: None)  # 4-7 tokens: the same class, so the other count
+    choice.run(1, used.append, lambda: None)
+    assert used == [2, 1, 2]
+    assert sorted(choice.samples) == [(1, size_class(5)), (2, size_class(1)), (2, size_class(5))]
+    assert [size_class(n) for n in (1, 2, 3, 4, 7, 8)] == [1, 2, 2, 3, 3, 4]
+
+
+def test_torch_passes_choose_their_threads_and_leave_torch_as_configured():
+    """A CPU target's passes run on torch's configured count or one, timed per model and
+    configured count; torch's count is as it was after each pass; a model is told apart by
+    the object (its timings go with it), and one thread configured means no choice."""
+    torch = pytest.importorskip("torch")
+    from conftest import make_tiny_llama
+    from exactspec.cache import CachedModel
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        model = make_tiny_llama(0)
+        cached = CachedModel(model, "tiny", model.config.vocab_size)
+        cached.prefill(torch.tensor([[1, 5, 9]]), torch.ones(1, 3, dtype=torch.bool))
+        for _ in range(3):
+            cached.feed(torch.tensor([[4]]))
+            assert torch.get_num_threads() == 2
+        choice = torch_choice(model)
+        assert {count for count, size in choice.samples if size == 1} == {1, 2}
+        assert choice.counts == (2, 1) and torch_choice(make_tiny_llama(0)) is not choice
+        torch.set_num_threads(1)
+        assert torch_choice(model) is None
+    finally:
+        torch.set_num_threads(threads)

@@ -9,9 +9,20 @@ measured, not configured.
 from __future__ import annotations
 
 import statistics
+import time
+import weakref
 
 RECENT = 5  # a count's speed is the median of its last few timings
 EXPLORE_EVERY = 16  # every this many units run a count not chosen, to keep its timing current
+# A target's passes try a count other than the fastest one in this many: a tried count runs
+# slower on an idle machine (one thread: about 1.6x a token for a llama.cpp target), so a
+# target, whose passes are the whole cost, tries less often than a draft does.
+TARGET_EXPLORE_EVERY = 64
+
+
+def size_class(tokens: int) -> int:
+    """The size a unit of this many tokens is timed under: 1, 2-3, 4-7, 8-15, ... tokens."""
+    return tokens.bit_length()
 
 
 class ThreadChoice:
@@ -45,6 +56,17 @@ class ThreadChoice:
         recent.append(seconds)
         del recent[:-RECENT]
 
+    def run(self, tokens: int, use, work):
+        """`work()` on the count chosen for a unit of `tokens` tokens (`use(count)` sets it
+        first), timed for that count and size class in seconds per token."""
+        size = size_class(tokens)
+        count = self.choose(size)
+        use(count)
+        started = time.perf_counter()
+        result = work()
+        self.record(count, size, (time.perf_counter() - started) / tokens)
+        return result
+
     def best(self, size: int = 1) -> int | None:
         """The count now believed fastest at `size` (None before any timing there)."""
         ranked = self._ranked(size)
@@ -54,3 +76,22 @@ class ThreadChoice:
         """The counts timed at `size`, fastest first (by the median of their recent timings)."""
         timed = [n for n in self.counts if self.samples.get((n, size))]
         return sorted(timed, key=lambda n: statistics.median(self.samples[(n, size)]))
+
+
+_TORCH: "weakref.WeakKeyDictionary[object, dict[int, ThreadChoice]]" = weakref.WeakKeyDictionary()
+
+
+def torch_choice(model) -> ThreadChoice | None:
+    """The thread choice of a torch model's passes on the CPU: between torch's thread count as
+    configured now and one thread (None when that is already one). It belongs to the model
+    (weakly: freed with it), one per configured count, so a generation starts from the last
+    one's timings and a model loaded later at the same address starts afresh."""
+    import torch
+
+    configured = torch.get_num_threads()
+    if configured < 2:
+        return None
+    choices = _TORCH.setdefault(model, {})
+    if configured not in choices:
+        choices[configured] = ThreadChoice((configured, 1), TARGET_EXPLORE_EVERY)
+    return choices[configured]

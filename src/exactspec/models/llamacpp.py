@@ -13,7 +13,6 @@ import contextlib
 import ctypes
 import functools
 import os
-import time
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from exactspec.threads import ThreadChoice
+from exactspec.threads import TARGET_EXPLORE_EVERY, ThreadChoice
 
 INSTALL_HINT = ("llama-cpp-python is not installed: pip install 'exactspec[llamacpp]' "
                 "(or `make setup`, which builds it)")
@@ -29,10 +28,6 @@ INSTALL_HINT = ("llama-cpp-python is not installed: pip install 'exactspec[llama
 MAX_ROWS = 256  # llama.cpp's limit on sequences in one context (LLAMA_MAX_SEQ)
 BATCH_TOKENS = 512  # the most tokens one llama_decode call takes; longer feeds are split
 FIRST_CONTEXT = 4096  # KV cells at the start; doubled whenever the rows need more
-# A target's decodes try a count other than the fastest one in this many: a tried count runs
-# slower on an idle machine (one thread: about 1.6x a token), so a target, whose decodes are the
-# whole cost, tries less often than a draft does (`exactspec.threads.EXPLORE_EVERY`).
-TARGET_EXPLORE_EVERY = 64
 
 
 def import_llama_cpp():
@@ -116,18 +111,13 @@ class LlamaCppModel:
         return token_list(str(self.path))
 
 
-def size_class(tokens: int) -> int:
-    """The size a decode of this many tokens is timed under: 1, 2-3, 4-7, 8-15, ... tokens."""
-    return tokens.bit_length()
-
-
 class Sequences:
     """Rows as sequences of one llama.cpp context: row b is sequence seqs[b], and fed[b] lists its
     tokens in the KV cache (positions 0..len−1). The context is made on first use; `make_room`
     replaces it by one twice the size, the rows moved into it, when their tokens would not fit.
 
     With a `choice` (an `exactspec.threads.ThreadChoice`), each decode runs on the thread count
-    it chooses for the decode's `size_class` and is timed for it (seconds per token): on a
+    it chooses for the decode's size (`threads.size_class`) and is timed for it (seconds per token): on a
     machine where another process is busy, llama.cpp's threads wait for each other at every
     barrier while one of them is descheduled, and one thread can be several times faster."""
 
@@ -226,12 +216,7 @@ class Sequences:
         batch.n_tokens = len(chunk)
         if self.choice is None:
             return self._run(chunk, out, written, every)
-        size = size_class(len(chunk))
-        self.set_threads(self.choice.choose(size))
-        started = time.perf_counter()
-        written = self._run(chunk, out, written, every)
-        self.choice.record(self.running, size, (time.perf_counter() - started) / len(chunk))
-        return written
+        return self.choice.run(len(chunk), self.set_threads, lambda: self._run(chunk, out, written, every))
 
     def _run(self, chunk, out: torch.Tensor, written: int, every: bool) -> int:
         """llama_decode of the batch filled from chunk; the logits wanted copied into out."""
