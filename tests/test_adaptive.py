@@ -5,7 +5,7 @@ import torch
 
 import exactspec as es
 from exactspec.controller import _MEMORY as memory_table
-from exactspec.controller import _PLAIN_SAMPLES, MAX_GAMMA, START_GAMMA, GammaController
+from exactspec.controller import _MARGIN, _PLAIN_SAMPLES, MAX_GAMMA, START_GAMMA, GammaController
 from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter
 from conftest import ALPHA, chi_square_pvalue
 from test_decoding import NGRAM_PROMPT, PROMPTS, hf_greedy, ids, target_joint
@@ -284,6 +284,19 @@ def test_the_auto_draft_reads_the_first_token_before_the_models_catch_up(tiny_pa
     out = es.speculative_generate(target, drafter, prompt, gamma="auto", max_new_tokens=6,
                                   temperature=0, seed=0, eos_token_id=[])
     assert out.rounds_by_source.get("plain", 0) >= 1 and "none" not in out.rounds_by_source
+
+
+def test_a_drafting_round_must_promise_a_margin_over_a_plain_step():
+    """A round whose price beats a plain step by less than _MARGIN is a plain step (its price is
+    made of medians; rounds cost more on average); one that beats it by more drafts."""
+    controller = GammaController()
+    plain_steps(controller, 0.040)
+    for _ in range(5):  # free drafts, a 2-token pass: 44 ms
+        controller.observe("ngram", 1, torch.tensor([0]), 2, 1e-5, 0.044)
+    for alpha, drafts in ((0.15, False), (0.5, True)):
+        gain = controller.rate("ngram", alpha, 1) / controller.rate("ngram", alpha, 0)
+        assert gain > 1.0 and (gain > _MARGIN) == drafts
+        assert (controller.best_gamma("ngram", alpha) > 0) == drafts
 
 
 def test_prompt_lookup_alpha_comes_from_its_scores_of_itself():

@@ -31,7 +31,8 @@ its probes (below) still run, and a probe round that beats a plain step lets it 
 and its drafts cost nothing, so its price is already what its rounds deliver.)
 
 It picks γ in 0..max_gamma maximizing E[N](α, γ) / (γ · c_draft + T(γ + 1)), where
-E[N] = Σ_{k=0..γ} α^k and γ = 0 is a plain step (one token per T(1)).
+E[N] = Σ_{k=0..γ} α^k and γ = 0 is a plain step (one token per T(1)); a drafting round is
+chosen only when it promises _MARGIN times a plain step's rate (its price is made of medians).
 
 Before rounds at a batch size are priced, T(1), what every round is weighed against, is timed
 with _PLAIN_SAMPLES plain steps (they cost nothing against plain decoding; fewer would leave T(1)
@@ -63,6 +64,10 @@ AUTO_MAX_GAMMA = MAX_GAMMA  # the longest the controller chooses (free drafts ke
 START_GAMMA = 4  # a source's first round, before its cost is known
 _RECENT = 5  # an estimate is the median of this many latest samples
 _RECHECK = 1.5  # a drafting round dearer than this times its price re-times T(1)
+# A drafting round must promise this many times a plain step's tokens per second: its price is
+# made of medians, and what rounds cost on average is more (a busy moment, a thread count being
+# tried); on open prompts beside a busy process lookup rounds priced at break-even lost 12 %.
+_MARGIN = 1.1
 _STEADY_GAMMA = 8  # longer blocks only while costs are steady
 _STEADY_SPREAD = 1.5  # steady: the largest recent sample at most this times the smallest
 _GUARD_ROUNDS = 4  # drafting rounds of a source in a generation before the guard judges them
@@ -370,8 +375,10 @@ class GammaController:
         return len(self.target.get(1, ())) >= _PLAIN_SAMPLES
 
     def best_gamma(self, source: str, alpha: float) -> int:
-        """The γ of the highest `rate`, up to _STEADY_GAMMA unless the costs are steady."""
-        return max(range(self.longest(source) + 1), key=lambda g: self.rate(source, alpha, g))
+        """The γ of the highest `rate`, up to _STEADY_GAMMA unless the costs are steady; 0 (a
+        plain step) unless that rate beats a plain step's by _MARGIN."""
+        best = max(range(1, self.longest(source) + 1), key=lambda g: self.rate(source, alpha, g))
+        return best if self.rate(source, alpha, best) > _MARGIN * self.rate(source, alpha, 0) else 0
 
     def longest(self, source: str) -> int:
         """max_gamma while T(1) and the draft's cost are steady, else at most _STEADY_GAMMA."""
