@@ -117,9 +117,9 @@ class Sequences:
     replaces it by one twice the size, the rows moved into it, when their tokens would not fit.
 
     With a `choice` (an `exactspec.threads.ThreadChoice`), each decode runs on the thread count
-    it chooses for the decode's size (`threads.size_class`) and is timed for it (seconds per token): on a
-    machine where another process is busy, llama.cpp's threads wait for each other at every
-    barrier while one of them is descheduled, and one thread can be several times faster."""
+    it chooses for the decode's size and is timed for it (`ThreadChoice.run`): on a machine
+    where another process is busy, llama.cpp's threads wait for each other at every barrier
+    while one of them is descheduled, and one thread can be several times faster."""
 
     def __init__(self, model, name: str, n_threads: int, vocab_size: int, choice=None):
         self.llama, self.model, self.name = import_llama_cpp(), model, name
