@@ -109,7 +109,7 @@ class CachedModel:
         faster now (`threads.torch_choice`: torch's configured count or one; beside a busy
         process torch's workers wait for a descheduled one at every operation), torch's own
         count set back after it. On an idle machine the configured count wins and one thread is
-        tried once in TARGET_EXPLORE_EVERY passes (`docs/design.md`, "Threads on a shared machine")."""
+        tried once in TARGET_EXPLORE_EVERY passes (`docs/design.md`: threads)."""
         choice = torch_choice(self.model) if self.device.type == "cpu" else None
         if choice is None:
             return work()
