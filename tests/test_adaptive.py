@@ -286,17 +286,23 @@ def test_the_auto_draft_reads_the_first_token_before_the_models_catch_up(tiny_pa
     assert out.rounds_by_source.get("plain", 0) >= 1 and "none" not in out.rounds_by_source
 
 
-def test_a_drafting_round_must_promise_a_margin_over_a_plain_step():
-    """A round whose price beats a plain step by less than _MARGIN is a plain step (its price is
-    made of medians; rounds cost more on average); one that beats it by more drafts."""
+def test_a_lookup_round_must_promise_a_margin_over_a_plain_step():
+    """A source that scores itself (which the guard does not judge) takes a plain step where a
+    round's price beats a plain step by less than _MARGIN (its price is made of medians; rounds
+    cost more on average), and drafts where it beats it by more; a model draft, which the guard
+    judges, drafts wherever the price beats a plain step."""
     controller = GammaController()
     plain_steps(controller, 0.040)
-    for _ in range(5):  # free drafts, a 2-token pass: 44 ms
-        controller.observe("ngram", 1, torch.tensor([0]), 2, 1e-5, 0.044)
+    for source in ("ngram", "model"):  # free drafts, a 2-token pass: 44 ms
+        for _ in range(5):
+            controller.observe(source, 1, torch.tensor([1]), 2, 1e-5, 0.044)
     for alpha, drafts in ((0.15, False), (0.5, True)):
         gain = controller.rate("ngram", alpha, 1) / controller.rate("ngram", alpha, 0)
         assert gain > 1.0 and (gain > _MARGIN) == drafts
-        assert (controller.best_gamma("ngram", alpha) > 0) == drafts
+        controller.observe_evidence({"ngram": [(int(1000 * alpha), 1000 - int(1000 * alpha))]})
+        controller.acceptance.clear()
+        controller._count("model", int(1000 * alpha), 1000 - int(1000 * alpha))
+        assert (controller.choose("ngram") > 0) == drafts and controller.choose("model") > 0
 
 
 def test_prompt_lookup_alpha_comes_from_its_scores_of_itself():

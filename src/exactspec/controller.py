@@ -28,11 +28,11 @@ The guard: within a generation, a source whose last drafting rounds (at least _G
 them) delivered fewer tokens per second than a plain step does now (1 / T(1)) stops drafting;
 its probes (below) still run, and a probe round that beats a plain step lets it draft again.
 (Not for a one-row source that scores itself, prompt lookup: its α is measured at every token
-and its drafts cost nothing, so its price is already what its rounds deliver.)
+and its drafts cost nothing, so its price is what its rounds deliver but for the pass's cost;
+for that it drafts only when a round promises _MARGIN times a plain step's rate.)
 
 It picks γ in 0..max_gamma maximizing E[N](α, γ) / (γ · c_draft + T(γ + 1)), where
-E[N] = Σ_{k=0..γ} α^k and γ = 0 is a plain step (one token per T(1)); a drafting round is
-chosen only when it promises _MARGIN times a plain step's rate (its price is made of medians).
+E[N] = Σ_{k=0..γ} α^k and γ = 0 is a plain step (one token per T(1)).
 
 Before rounds at a batch size are priced, T(1), what every round is weighed against, is timed
 with _PLAIN_SAMPLES plain steps (they cost nothing against plain decoding; fewer would leave T(1)
@@ -64,9 +64,10 @@ AUTO_MAX_GAMMA = MAX_GAMMA  # the longest the controller chooses (free drafts ke
 START_GAMMA = 4  # a source's first round, before its cost is known
 _RECENT = 5  # an estimate is the median of this many latest samples
 _RECHECK = 1.5  # a drafting round dearer than this times its price re-times T(1)
-# A drafting round must promise this many times a plain step's tokens per second: its price is
-# made of medians, and what rounds cost on average is more (a busy moment, a thread count being
-# tried); on open prompts beside a busy process lookup rounds priced at break-even lost 12 %.
+# A source that scores itself (no guard: see below) drafts only when a round promises this many
+# times a plain step's tokens per second: its price is made of medians, and what rounds cost on
+# average is more (a busy moment, a thread count being tried); on open prompts beside a busy
+# process lookup rounds priced at break-even lost 12 %.
 _MARGIN = 1.1
 _STEADY_GAMMA = 8  # longer blocks only while costs are steady
 _STEADY_SPREAD = 1.5  # steady: the largest recent sample at most this times the smallest
@@ -307,11 +308,11 @@ class GammaController:
         if not self.plain_timed():
             return 0  # a plain step times T(1)
         stats = self._stats(source)
-        gamma = self.best_gamma(source, stats.alpha())
+        scored = source in self.scored and rows == 1  # α from every committed token, free drafts
+        gamma = self.best_gamma(source, stats.alpha(), _MARGIN if scored else 1.0)
         if gamma > 0 and not self.catch_up_pays(source, stats.alpha(), gamma, lag, tokens_left):
             return 0  # sitting out only adds to the lag: no probes either
         probe = self.probes.setdefault(source, _Probe())
-        scored = source in self.scored and rows == 1  # α from every committed token, free drafts
         if gamma > 0 and (scored or self.delivers(source)):
             probe.plain, probe.after, probe.ladder = 0, _FIRST_PROBE, 0
             return gamma
@@ -374,11 +375,11 @@ class GammaController:
         of them; drafting rounds get many samples, fewer would bias it towards drafting)."""
         return len(self.target.get(1, ())) >= _PLAIN_SAMPLES
 
-    def best_gamma(self, source: str, alpha: float) -> int:
+    def best_gamma(self, source: str, alpha: float, margin: float = 1.0) -> int:
         """The γ of the highest `rate`, up to _STEADY_GAMMA unless the costs are steady; 0 (a
-        plain step) unless that rate beats a plain step's by _MARGIN."""
+        plain step) unless that rate beats a plain step's `margin` times."""
         best = max(range(1, self.longest(source) + 1), key=lambda g: self.rate(source, alpha, g))
-        return best if self.rate(source, alpha, best) > _MARGIN * self.rate(source, alpha, 0) else 0
+        return best if self.rate(source, alpha, best) > margin * self.rate(source, alpha, 0) else 0
 
     def longest(self, source: str) -> int:
         """max_gamma while T(1) and the draft's cost are steady, else at most _STEADY_GAMMA."""
