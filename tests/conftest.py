@@ -28,22 +28,6 @@ import os
 # so a llama.cpp draft gets the cores. It must be set before torch loads.
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
-
-def _own_cores() -> None:
-    """Each pytest-xdist worker (`make test` runs two) on its own share of the cores this run
-    may use, before torch starts its threads: two workers with two threads each on 2 cores
-    wait for each other's descheduled threads (llama.cpp's and torch's alike), which made the
-    suite a third slower. Timings are never asserted, so this changes how long, not what."""
-    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if not (worker and count and hasattr(os, "sched_setaffinity")):
-        return
-    cores, count = sorted(os.sched_getaffinity(0)), int(count)
-    if 1 < count <= len(cores):
-        os.sched_setaffinity(0, cores[int(worker.removeprefix("gw")) % count::count])
-
-
-_own_cores()
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from scipy import stats  # noqa: E402
