@@ -291,17 +291,18 @@ def test_a_lookup_round_must_promise_a_margin_over_a_plain_step():
     round's price beats a plain step by less than _MARGIN (its price is made of medians; rounds
     cost more on average), and drafts where it beats it by more; a model draft, which the guard
     judges, drafts wherever the price beats a plain step."""
-    controller = GammaController()
-    plain_steps(controller, 0.040)
-    for source in ("ngram", "model"):  # free drafts, a 2-token pass: 44 ms
-        for _ in range(5):
-            controller.observe(source, 1, torch.tensor([1]), 2, 1e-5, 0.044)
     for alpha, drafts in ((0.15, False), (0.5, True)):
+        controller = GammaController()
+        plain_steps(controller, 0.040)
+        for source in ("ngram", "model"):  # free drafts, a 2-token pass: 44 ms
+            for _ in range(5):
+                controller.observe(source, 1, torch.tensor([1]), 2, 1e-5, 0.044)
+        controller.acceptance.clear()  # α from 1000 scored positions instead
+        kept = int(1000 * alpha)
+        controller.observe_evidence({"ngram": [(kept, 1000 - kept)]})
+        controller._count("model", kept, 1000 - kept)
         gain = controller.rate("ngram", alpha, 1) / controller.rate("ngram", alpha, 0)
         assert gain > 1.0 and (gain > _MARGIN) == drafts
-        controller.observe_evidence({"ngram": [(int(1000 * alpha), 1000 - int(1000 * alpha))]})
-        controller.acceptance.clear()
-        controller._count("model", int(1000 * alpha), 1000 - int(1000 * alpha))
         assert (controller.choose("ngram") > 0) == drafts and controller.choose("model") > 0
 
 
