@@ -101,3 +101,20 @@ def test_generate_bad_prompts_file(tiny_folders, capsys, tmp_path, content, mess
 def test_generate_needs_a_prompt(tiny_folders, capsys):
     code, _, err = run(capsys, "generate", "--target", tiny_folders[0])
     assert code == 2 and "give a prompt" in err
+
+
+def test_the_demo_says_why_a_run_lost_by_where_its_rounds_went():
+    """A loss with mostly plain steps: drafting did not pay and the controller stepped aside; a
+    loss with mostly drafting rounds: they made tokens per pass but cost more than plain steps."""
+    from types import SimpleNamespace
+
+    from exactspec.cli.generate import _why
+
+    stats = SimpleNamespace(tokens_per_round=4.23, acceptance_rate=0.9)
+    run = lambda rounds: SimpleNamespace(rounds_by_source=rounds, stats=stats)  # noqa: E731
+    stepped_aside = _why(run({"plain": 31, "model": 3}), 0.93)
+    drafted = _why(run({"model": 11, "plain": 1}), 0.90)
+    assert stepped_aside.startswith("lost 7%: drafting did not pay")
+    assert stepped_aside.endswith("(rounds: plain 31, model 3)")
+    assert drafted == ("lost 10%: the drafting rounds made 4.23 tokens per target pass but cost "
+                       "more than the plain steps they replaced (rounds: model 11, plain 1)")

@@ -326,8 +326,13 @@ def _why(out, speedup: float) -> str:
         return (f"gained: {stats.tokens_per_round:.2f} tokens per target pass{kept} "
                 f"(rounds: {rounds})")
     verdict = "no gain, no loss to speak of" if speedup >= 0.97 else f"lost {1 - speedup:.0%}"
-    return (f"{verdict}: drafting did not pay on this text at these costs, so the controller "
-            f"took plain steps and only probed drafting now and then (rounds: {rounds})")
+    if 2 * by_source.get("plain", 0) >= sum(by_source.values()):
+        cause = ("drafting did not pay on this text at these costs, so the controller took plain "
+                 "steps and only probed drafting now and then")
+    else:
+        cause = (f"the drafting rounds made {stats.tokens_per_round:.2f} tokens per target pass but "
+                 f"cost more than the plain steps they replaced")
+    return f"{verdict}: {cause} (rounds: {rounds})"
 
 
 def _print_demo(result: dict, target: str, draft: str, args) -> None:
