@@ -3,6 +3,8 @@ with torch's configured threads fixed, alternating, 4 runs each after a warm-up,
 argv: N busy processes (Python loops) beside it for the run, default 0."""
 import statistics, subprocess, sys, time
 
+import torch
+
 import exactspec as es
 import exactspec.cache as cache
 from exactspec.models import encode_prompt, load_model
@@ -25,11 +27,11 @@ try:
     runs = {"chosen": [], "fixed": []}
     for _ in range(4):
         for mode, speeds in runs.items():
-            cache.torch_choice = choose if mode == "chosen" else (lambda model: None)
+            cache.torch_choice = choose if mode == "chosen" else (lambda model, configured: None)
             speeds.append(tokens_per_second())
     for mode, speeds in runs.items():
         print(f"{mode}: {statistics.median(speeds):.1f} tok/s", [round(s, 1) for s in speeds])
-    timings = choose(target.model).samples
+    timings = choose(target.model, torch.get_num_threads()).samples
     print("ms per token slot by (threads, size class):",
           {key: [round(s * 1000, 1) for s in recent] for key, recent in sorted(timings.items())})
 finally:

@@ -1,5 +1,6 @@
 """`ThreadChoice`: the thread count that is fastest now, kept current by exploring."""
 import pytest
+import torch
 
 from exactspec.threads import EXPLORE_EVERY, RECENT, ThreadChoice, size_class, torch_choice
 
@@ -50,7 +51,6 @@ def test_torch_passes_choose_their_threads_and_leave_torch_as_configured():
     """A CPU target's passes run on torch's configured count or one, timed per model and
     configured count; torch's count is as it was after each pass; a model is told apart by
     the object (its timings go with it), and one thread configured means no choice."""
-    torch = pytest.importorskip("torch")
     from conftest import make_tiny_llama
     from exactspec.cache import CachedModel
 
@@ -63,10 +63,10 @@ def test_torch_passes_choose_their_threads_and_leave_torch_as_configured():
         for _ in range(3):
             cached.feed(torch.tensor([[4]]))
             assert torch.get_num_threads() == 2
-        choice = torch_choice(model)
+        choice = torch_choice(model, torch.get_num_threads())
         assert {count for count, size in choice.samples if size == 1} == {1, 2}
-        assert choice.counts == (2, 1) and torch_choice(make_tiny_llama(0)) is not choice
+        assert choice.counts == (2, 1) and torch_choice(make_tiny_llama(0), 2) is not choice
         torch.set_num_threads(1)
-        assert torch_choice(model) is None
+        assert torch_choice(model, torch.get_num_threads()) is None
     finally:
         torch.set_num_threads(threads)

@@ -110,10 +110,10 @@ class CachedModel:
         process torch's workers wait for a descheduled one at every operation), torch's own
         count set back after it. On an idle machine the configured count wins and one thread is
         tried once in TARGET_EXPLORE_EVERY passes (`docs/design.md`: threads)."""
-        choice = torch_choice(self.model) if self.device.type == "cpu" else None
+        configured = torch.get_num_threads()
+        choice = torch_choice(self.model, configured) if self.device.type == "cpu" else None
         if choice is None:
             return work()
-        configured = torch.get_num_threads()
         try:
             return choice.run(tokens, torch.set_num_threads, work)
         finally:

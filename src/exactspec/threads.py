@@ -81,14 +81,11 @@ class ThreadChoice:
 _TORCH: "weakref.WeakKeyDictionary[object, dict[int, ThreadChoice]]" = weakref.WeakKeyDictionary()
 
 
-def torch_choice(model) -> ThreadChoice | None:
+def torch_choice(model, configured: int) -> ThreadChoice | None:
     """The thread choice of a torch model's passes on the CPU: between torch's thread count as
     configured now and one thread (None when that is already one). It belongs to the model
     (weakly: freed with it), one per configured count, so a generation starts from the last
     one's timings and a model loaded later at the same address starts afresh."""
-    import torch
-
-    configured = torch.get_num_threads()
     if configured < 2:
         return None
     choices = _TORCH.setdefault(model, {})
