@@ -27,9 +27,12 @@ EOS, V = 2, GRAMMAR_VOCAB
 TOKENIZER = make_grammar_tokenizer()
 ID = {token: i for i, token in enumerate(TOKENIZER.convert_ids_to_tokens(list(range(V))))}
 JSONISH = r'\{"ab": [a-c][d-f]+\}'  # four forced tokens: {" ab ": and a space
+GUESS = r'\{"c": a[b-c]\}'  # forced: {" c ": and a space, then the byte a, spelt a or ab
 GRAMMARS = {"jsonish": Constraint.regex(JSONISH),
-            "short": Constraint.regex("[a-c]{1,2}")}  # EOS allowed after one character
-COMMITTED = {"jsonish": [(), (ID['{"'], ID["ab"])], "short": [(), (ID["a"],)]}
+            "short": Constraint.regex("[a-c]{1,2}"),  # EOS allowed after one character
+            "guess": Constraint.regex(GUESS)}
+COMMITTED = {"jsonish": [(), (ID['{"'], ID["ab"])], "short": [(), (ID["a"],)],
+             "guess": [(), (ID['{"'], ID["c"], ID['":'], ID["Ġ"])]}
 SETTINGS = {"T1": dict(temperature=1.0), "T0.7-top3": dict(temperature=0.7, top_k=3),
             "greedy": dict(temperature=0.0)}
 
@@ -180,8 +183,10 @@ def worst_gap(constraint, committed, gamma, verify, settings, drafts, **breaks):
 
 
 ENUMERATED = [(name, committed, gamma, verify, drafts)
-              for name in GRAMMARS for committed in COMMITTED[name] for gamma in (1, 2, 3)
-              for verify in ("token", "block") for drafts in ("q", "forced", "lookup")]
+              for name in ("jsonish", "short") for committed in COMMITTED[name] for gamma in (1, 2, 3)
+              for verify in ("token", "block") for drafts in ("q", "forced", "lookup")] + [
+    ("guess", committed, gamma, verify, "forced")  # forced text that ends in a guess
+    for committed in COMMITTED["guess"] for gamma in (2, 5) for verify in ("token", "block")]
 
 
 @pytest.mark.parametrize("settings", sorted(SETTINGS))
@@ -247,6 +252,19 @@ def test_forced_tokens_and_masks():
     assert matchers.allowed_prefix(0, [ID['{"'], ID["ab"], ID["h"]]) == 2
 
 
+def test_forced_text_ends_in_the_tokenizers_spelling_of_the_forced_bytes():
+    """After {"c": and a space the guess grammar forces the byte a, which the tokens a and ab
+    both start: no token is forced, and the forced text drafts a, as the tokenizer writes it; the
+    mask there allows both, so it is a guess (p < 1), kept only when the target writes a."""
+    matchers = RowMatchers(TOKENIZER, V, {EOS})
+    matchers.join([GRAMMARS["guess"]])
+    forced = matchers.forced(8)[0]
+    assert forced == [ID['{"'], ID["c"], ID['":'], ID["Ġ"], ID["a"]]
+    allowed = matchers.allowed(torch.tensor([forced]), len(forced) + 1)[0]  # [6, V]
+    assert allowed[4].nonzero().flatten().tolist() == [ID["a"], ID["ab"]]
+    assert matchers.forced(3)[0] == forced[:3]
+
+
 # --------------------------------------------------------------------------- whole generations
 
 
@@ -301,17 +319,17 @@ DRAFTS = {"model": lambda draft: draft, "ngram": lambda draft: "ngram",
           "auto": lambda draft: es.drafters.AutoDrafter(es.drafters.ModelDrafter(draft))}
 
 
-@pytest.mark.parametrize("kind", sorted(DRAFTS))
+@pytest.mark.parametrize("kind, grammar", [(kind, "jsonish") for kind in sorted(DRAFTS)] + [("ngram", "guess")])
 @pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(temperature=0.8, top_k=8)],
                          ids=["greedy", "T0.8-coupled"])
-def test_constrained_speculative_output_is_plain_constrained_decoding(kind, settings):
+def test_constrained_speculative_output_is_plain_constrained_decoding(kind, grammar, settings):
     """Token for token, for γ 1, 4, 16 and auto, over a ragged batch: greedy speculative
     decoding equals greedy plain decoding under the constraint, and seeded coupled decoding
     equals seeded plain decoding; every row is a prefix of a match, and a whole one where it ended."""
     target, draft = grammar_pair()
     prompts = [torch.tensor(PROMPT[: 4 + 3 * i]) for i in range(4)]
     input_ids, mask = pad_prompts(prompts)
-    constraint = GRAMMARS["jsonish"]
+    constraint = GRAMMARS[grammar]
     plain = es.autoregressive_generate(target, input_ids, attention_mask=mask, max_new_tokens=16,
                                        seed=11, constraint=constraint, **settings)
     verify = "coupled" if settings["temperature"] else "block"
@@ -324,7 +342,8 @@ def test_constrained_speculative_output_is_plain_constrained_decoding(kind, sett
         new = row[len(prompt):].tolist()
         assert allowed_by_fresh_matcher(constraint, tuple(new[:-1])) is not None  # a prefix of a match
         if stats.output_tokens < 16:  # ended: at EOS, with a whole match
-            assert new[-1] == EOS and re.fullmatch(JSONISH, TOKENIZER.decode(new[:-1]))
+            assert new[-1] == EOS and re.fullmatch({"jsonish": JSONISH, "guess": GUESS}[grammar],
+                                                   TOKENIZER.decode(new[:-1]))
 
 
 def start(target, drafter, prompts, settings):

@@ -29,6 +29,7 @@ CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "lark")
 # JSON as `json.dumps` writes it (", " and ": ", no other whitespace): one layout, so the keys
 # and punctuation of a schema are forced tokens (`RowMatchers.forced`).
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_FORCED_MAX = 256  # tokens of forced text drafted at once, at most
 
 
 def _llguidance():
@@ -184,17 +185,37 @@ class RowMatchers:
         self.masks = {}
         self.seconds += time.perf_counter() - started
 
-    def forced(self, limit: int) -> list[list[int]]:
-        """Each row's next tokens that its grammar forces (llguidance's fast-forward tokens), at
-        most `limit` (None: all of them); [] for an unconstrained row."""
-        started = time.perf_counter()
-        forced = [[] if m is None else m.compute_ff_tokens()[:limit] for m in self.rows]
-        self.seconds += time.perf_counter() - started
-        return forced
+    def forced(self, limit: int | None) -> list[list[int]]:
+        """Each row's forced text as tokens, at most `limit` (None: all of them); [] for an
+        unconstrained row. The forced text is what the grammar allows next and nothing else: first
+        the tokens it forces (llguidance's fast-forward tokens, each the only token allowed: p = 1
+        under the mask), then the forced bytes no token is forced for, as the tokenizer writes
+        them (`_forced_next`)."""
+        return [self.chain(b, [], _FORCED_MAX if limit is None else limit) for b in range(len(self.rows))]
+
+    def _forced_next(self, matcher) -> list[int]:
+        """The tokens the matcher's grammar forces next; when it forces none, the tokenizer's own
+        tokens for the bytes it forces (the part it allows, which may be none). Those bytes have
+        another spelling in tokens (after '": ' the grammar forces ' "', and a token starting
+        ' "' and going on into the value would also be allowed), so the mask allows more than the
+        canonical token and the target may reject it: a guess, made from the prefix alone, which
+        a text laid out as the tokenizer writes it keeps. A value then starts right after a pass:
+        its first token is that pass's bonus."""
+        tokens = matcher.compute_ff_tokens()
+        if tokens:
+            return tokens
+        forced = matcher.compute_ff_bytes()
+        try:
+            text = forced.decode("utf-8")
+        except UnicodeDecodeError:  # forced bytes end inside a character
+            return []
+        guess = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        guess = [t for t in guess if t < self.vocab]
+        return guess[: matcher.validate_tokens(guess)]
 
     def chain(self, b: int, start: list[int], gamma: int, lookup=None) -> list[int]:
         """Row b's point-mass drafts: `start` (allowed by its grammar), then, while shorter than
-        γ, the tokens its grammar forces next, else `lookup(drafts so far, n)`'s continuation
+        γ, its forced text (`_forced_next`), else `lookup(drafts so far, n)`'s continuation
         cut where the grammar stops allowing it; the matcher is rolled back afterwards."""
         matcher = self.rows[b]
         if matcher is None:
@@ -203,7 +224,7 @@ class RowMatchers:
         drafts = list(start)
         taken = matcher.try_consume_tokens(drafts)
         while len(drafts) < gamma:
-            more = matcher.compute_ff_tokens()
+            more = self._forced_next(matcher)
             if not more and lookup is not None:
                 more = lookup(drafts, gamma - len(drafts))
                 more = more[: matcher.validate_tokens(more)]
