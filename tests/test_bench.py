@@ -543,3 +543,27 @@ def test_constrained_prompts_report_validity_and_the_grammars_share():
     assert result["config"]["prompts"][0]["schema"] == schema
     with pytest.raises(ValueError, match="peers and llama_peers must be off"):
         tiny_config(target="tiny-grammar", prompts=prompts).check()
+
+
+def test_timed_passes_run_each_prompt_under_every_configuration_in_alternating_order(monkeypatch):
+    """A timed pass runs one prompt under every configuration before the next prompt, the order
+    reversed from one prompt to the next (the machine's drift spreads over all configurations)."""
+    from exactspec.bench import run as bench_run
+
+    calls, run = [], bench_run.Runner.run
+
+    def recording(self, spec, input_ids, seed, max_new_tokens, constraint=None):
+        calls.append((spec, seed))
+        return run(self, spec, input_ids, seed, max_new_tokens, constraint)
+
+    monkeypatch.setattr(bench_run.Runner, "run", recording)
+    config = tiny_config(drafts=["ngram"], gammas=[2], temperatures=[0.0], peers=False, repeats=2, warmup=0)
+    run_benchmark(config, models=tiny_models(), timings=FAKE_TIMINGS, log=None)
+    specs = list(dict.fromkeys(spec for spec, _ in calls))
+    prompts = len(config.jobs())
+    assert len(specs) >= 2 and len(calls) == 2 * prompts * len(specs)
+    blocks = [calls[k * len(specs): (k + 1) * len(specs)] for k in range(2 * prompts)]
+    for k, block in enumerate(blocks):  # (pass, prompt) in the order they ran
+        rep, j = divmod(k, prompts)
+        assert {seed for _, seed in block} == {config.jobs()[j][1]}  # one prompt, every configuration
+        assert [spec for spec, _ in block] == (specs if (rep + j) % 2 == 0 else specs[::-1])

@@ -5,8 +5,10 @@ How it measures (warm up every path, synchronize the accelerator around each tim
 accepted drafts separately from output tokens):
 
 - the warm-up pass runs every configuration ``warmup`` times, untimed; then ``repeats`` timed
-  passes each run every configuration on every prompt. Configurations are interleaved inside a
-  pass, so noise from other work on the machine spreads over all of them alike;
+  passes each run every configuration on every prompt. Configurations are interleaved per
+  prompt (one prompt under every configuration, then the next, the order reversed from one
+  prompt to the next), so noise from other work on the machine, and the machine's speed as it
+  drifts within a pass, spread over all of them alike;
 - prompt i is always run with seed ``seed + i`` (and with ``--seeds N``, also ``seed + i + P``, ...,
   P prompts: at T > 0 a speedup depends on the text sampled, and one seed is one text): all runs
   of a configuration use the same seeds;
@@ -135,6 +137,12 @@ def llama_peers(config: BenchConfig, target, log: Callable[[str], None]):
     return LlamaPeers(path, drafts, torch.get_num_threads(), config.top_k, config.top_p, server)
 
 
+def _order(specs: list, k: int) -> list:
+    """The configurations in the order they run on the k-th prompt of all passes: forward, then
+    backward, so that no configuration always runs first after a change of prompt."""
+    return specs if k % 2 == 0 else specs[::-1]
+
+
 def _run(config, target, drafts, llama, timings, log, started) -> dict:
     runner = Runner(target, drafts, config, llama)
     machine = machine_info(runner.device)
@@ -152,16 +160,21 @@ def _run(config, target, drafts, llama, timings, log, started) -> dict:
         for spec in specs:
             runner.run(spec, prompt_ids[0], config.seed, warm_tokens, config.prompts[0].constraint)
 
-    # timed passes, configurations interleaved: results[spec][pass][prompt]
+    # timed passes, configurations interleaved per prompt: results[spec][pass][prompt]
     results: dict[RunSpec, list[list[RunResult]]] = {spec: [] for spec in specs}
     jobs = config.jobs()
     for rep in range(config.repeats):
         pass_start = time.perf_counter()
+        runs: dict[RunSpec, list[RunResult]] = {spec: [] for spec in specs}
+        for j, (i, seed) in enumerate(jobs):
+            for spec in _order(specs, rep + j):
+                runs[spec].append(runner.run(spec, prompt_ids[i], seed, config.max_new_tokens,
+                                             config.prompts[i].constraint))
+            log(f"[pass {rep + 1}/{config.repeats}] prompt {j + 1}/{len(jobs)} done "
+                f"({time.perf_counter() - pass_start:.0f} s)")
         for n, spec in enumerate(specs, start=1):
-            runs = [runner.run(spec, prompt_ids[i], seed, config.max_new_tokens,
-                               config.prompts[i].constraint) for i, seed in jobs]
-            results[spec].append(runs)
-            tokens, wall = sum(len(r.tokens) for r in runs), sum(r.wall_seconds for r in runs)
+            results[spec].append(runs[spec])
+            tokens, wall = sum(len(r.tokens) for r in runs[spec]), sum(r.wall_seconds for r in runs[spec])
             log(f"[pass {rep + 1}/{config.repeats}, {n}/{len(specs)}] {spec.label}: "
                 f"{tokens / wall:.1f} tokens/s ({wall:.1f} s)")
         log(f"pass {rep + 1}/{config.repeats} took {time.perf_counter() - pass_start:.0f} s")
