@@ -319,7 +319,8 @@ DRAFTS = {"model": lambda draft: draft, "ngram": lambda draft: "ngram",
           "auto": lambda draft: es.drafters.AutoDrafter(es.drafters.ModelDrafter(draft))}
 
 
-@pytest.mark.parametrize("kind, grammar", [(kind, "jsonish") for kind in sorted(DRAFTS)] + [("ngram", "guess")])
+@pytest.mark.parametrize("kind, grammar",
+                         [(kind, "jsonish") for kind in sorted(DRAFTS)] + [("ngram", "guess")])
 @pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(temperature=0.8, top_k=8)],
                          ids=["greedy", "T0.8-coupled"])
 def test_constrained_speculative_output_is_plain_constrained_decoding(kind, grammar, settings):

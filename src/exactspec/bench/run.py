@@ -138,8 +138,9 @@ def llama_peers(config: BenchConfig, target, log: Callable[[str], None]):
 
 
 def _order(specs: list, k: int) -> list:
-    """The configurations in the order they run on the k-th prompt of all passes: forward, then
-    backward, so that no configuration always runs first after a change of prompt."""
+    """The configurations in the order they run on a prompt, k being the pass plus the prompt's
+    index: forward when k is even, else backward, so that no configuration always runs first
+    after a change of prompt."""
     return specs if k % 2 == 0 else specs[::-1]
 
 
@@ -173,8 +174,9 @@ def _run(config, target, drafts, llama, timings, log, started) -> dict:
             log(f"[pass {rep + 1}/{config.repeats}] prompt {j + 1}/{len(jobs)} done "
                 f"({time.perf_counter() - pass_start:.0f} s)")
         for n, spec in enumerate(specs, start=1):
-            results[spec].append(runs[spec])
-            tokens, wall = sum(len(r.tokens) for r in runs[spec]), sum(r.wall_seconds for r in runs[spec])
+            own = runs[spec]
+            results[spec].append(own)
+            tokens, wall = sum(len(r.tokens) for r in own), sum(r.wall_seconds for r in own)
             log(f"[pass {rep + 1}/{config.repeats}, {n}/{len(specs)}] {spec.label}: "
                 f"{tokens / wall:.1f} tokens/s ({wall:.1f} s)")
         log(f"pass {rep + 1}/{config.repeats} took {time.perf_counter() - pass_start:.0f} s")
