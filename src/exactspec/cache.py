@@ -23,6 +23,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from exactspec.kernels import faster_linear
 from exactspec.models.loaded import input_device
 from exactspec.threads import torch_choice
 
@@ -109,15 +110,19 @@ class CachedModel:
         faster now (`threads.torch_choice`: torch's configured count or one; beside a busy
         process torch's workers wait for a descheduled one at every operation), torch's own
         count set back after it. On an idle machine the configured count wins and one thread is
-        tried once in TARGET_EXPLORE_EVERY passes (`docs/design.md`: threads)."""
-        configured = torch.get_num_threads()
-        choice = torch_choice(self.model, configured) if self.device.type == "cpu" else None
-        if choice is None:
+        tried once in TARGET_EXPLORE_EVERY passes (`docs/design.md`: threads). Its linear layers
+        run as the faster of two matrix products for their shape (`kernels.FasterLinear`)."""
+        if self.device.type != "cpu":
             return work()
-        try:
-            return choice.run(tokens, torch.set_num_threads, work)
-        finally:
-            torch.set_num_threads(configured)
+        configured = torch.get_num_threads()
+        choice = torch_choice(self.model, configured)
+        with faster_linear(self.model):
+            if choice is None:
+                return work()
+            try:
+                return choice.run(tokens, torch.set_num_threads, work)
+            finally:
+                torch.set_num_threads(configured)
 
     def discard_last(self, counts: torch.Tensor) -> None:
         """Make the last counts[b] columns of row b holes (drafts scored under a prefix that was
