@@ -7,6 +7,7 @@ from conftest import make_tiny_llama
 from exactspec.cache import CachedModel
 from exactspec.kernels import (COLUMNS, MAX_ROWS, RECHECK_EVERY, ROWS, TRIALS, FasterLinear, _Shape,
                                columns_product, faster_linear)
+from exactspec.threads import size_class
 
 
 @pytest.mark.parametrize("shape", [(5,), (1, 5), (3, 5), (2, 4, 5)])
@@ -57,8 +58,8 @@ def test_a_pass_inside_the_context_computes_what_it_computes_outside():
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     assert len(faster.layers) == len(linears) > 0
     assert all("forward" not in m.__dict__ for m in linears)  # the model is as it was
-    rows = {key[3] for key in shapes}
-    assert rows == {4} and all(s.best is not None for s in shapes.values())
+    classes = {key[3] for key in shapes}
+    assert classes == {size_class(4)} and all(s.best is not None for s in shapes.values())
 
 
 def test_the_context_leaves_long_inputs_subclasses_hooks_and_errors_as_they_were():
@@ -73,7 +74,7 @@ def test_the_context_leaves_long_inputs_subclasses_hooks_and_errors_as_they_were
         model(torch.randn(MAX_ROWS + 1, 4))  # prefill-sized: torch's own product, untimed
         assert shapes == {}
         model(torch.randn(2, 4))
-    assert [key[:2] + key[3:4] for key in shapes] == [(3, 4, 2)]  # the subclass ran as it is
+    assert [key[:2] + key[3:4] for key in shapes] == [(3, 4, size_class(2))]  # the subclass as it is
     assert hooked.forward is hooked_forward
     with pytest.raises(RuntimeError), FasterLinear(model, shapes):
         model(torch.randn(2, 5))  # a wrong width: torch's own error
@@ -88,5 +89,5 @@ def test_the_target_and_model_drafts_pass_through_it_on_the_cpu():
         cached.feed(torch.tensor([[5, 2]]))
     assert faster_linear(model) is faster_linear(model)  # one per model
     head = model.lm_head.weight
-    assert any(key[:2] == tuple(head.shape) and key[3] == 2
+    assert any(key[:2] == tuple(head.shape) and key[3] == size_class(2)
                for key in faster_linear(model).shapes)

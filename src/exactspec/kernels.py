@@ -7,8 +7,9 @@ with one row padded to two: measured on a 2-core AMD EPYC, the bundled model's o
 (W[49152, 576]) takes 7.2 ms for one row and 12.3 ms for four as x @ Wᵀ, 2.6 and 2.8 ms turned
 around; a whole one-token pass 43 → 24 ms, a four-token pass 62 → 34 ms; the 1.5B target 306 →
 211 and 683 → 372 ms. Which is faster depends on the BLAS, the CPU, M and the thread count, so it
-is measured: each (shape, M, threads) tries both products a few times, then runs the faster one,
-and tries the other again now and then.
+is measured: each weight shape, size class of M (1, 2–3, 4–7, 8–15, ...: on this CPU the winner
+changes at those bounds, and a class's few passes soon end its trials) and thread count tries both
+products a few times, then runs the faster one per row, and tries the other again now and then.
 
 Both compute the same sums (float rounding aside, as between a one-token and a k-token pass):
 p is whatever a pass computed, so exactness does not depend on the choice.
@@ -21,6 +22,8 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+
+from exactspec.threads import size_class
 
 ROWS, COLUMNS = "rows", "columns"  # x @ Wᵀ (torch's own) and (W @ xᵀ)ᵀ
 MAX_ROWS = 64  # beyond this many rows both products are compute-bound alike: torch's own runs
@@ -48,7 +51,8 @@ PRODUCTS = {ROWS: rows_product, COLUMNS: columns_product}
 
 
 class _Shape:
-    """One (weight shape, dtype, rows, threads): each product's last TRIALS timings, the faster."""
+    """One (weight shape, dtype, size class of the rows, threads): each product's last TRIALS
+    timings in seconds per row, and the faster."""
 
     def __init__(self):
         self.seconds = {ROWS: [], COLUMNS: []}
@@ -78,7 +82,7 @@ class FasterLinear:
     product measured faster for their shape on CPU tensors of up to MAX_ROWS rows (see the module
     docstring); outside it, and for anything else, as torch runs them. Entering sets each layer's
     `forward` on the instance, leaving takes it off again: the model is not changed. `shapes`
-    holds the timings, one `_Shape` per (N, K, dtype, rows, threads)."""
+    holds the timings, one `_Shape` per (N, K, dtype, size class of the rows, threads)."""
 
     def __init__(self, model: torch.nn.Module, shapes: dict, clock=time.perf_counter):
         self.shapes, self.clock = shapes, clock
@@ -102,12 +106,13 @@ class FasterLinear:
             weight, bias = layer.weight, layer.bias
             if not _plain_cpu(x, weight, bias) or x.numel() > MAX_ROWS * x.size(-1):
                 return F.linear(x, weight, bias)
-            key = (*weight.shape, weight.dtype, x.numel() // x.size(-1), torch.get_num_threads())
+            rows = x.numel() // x.size(-1)
+            key = (*weight.shape, weight.dtype, size_class(rows), torch.get_num_threads())
             shape = self.shapes.get(key) or self.shapes.setdefault(key, _Shape())
             name = shape.next_product()
             started = self.clock()
             out = PRODUCTS[name](x, weight, bias)
-            shape.record(name, self.clock() - started)
+            shape.record(name, (self.clock() - started) / rows)
             return out
         return forward
 
