@@ -3,13 +3,15 @@
 A decode feeds a few tokens, so every linear layer of the model multiplies a few rows x[M, K]
 by a large weight W[N, K]. torch computes x @ Wᵀ (one row: a matrix-vector product), and on
 the CPU its BLAS is far slower at that shape than at the same product turned around, (W @ xᵀ)ᵀ,
-with one row padded to two: measured on a 2-core AMD EPYC, the bundled model's output layer
+with one row padded to two. Measured on a 2-core AMD EPYC: the bundled model's output layer
 (W[49152, 576]) takes 7.2 ms for one row and 12.3 ms for four as x @ Wᵀ, 2.6 and 2.8 ms turned
-around; a whole one-token pass 43 → 24 ms, a four-token pass 62 → 34 ms; the 1.5B target 306 →
-211 and 683 → 372 ms. Which is faster depends on the BLAS, the CPU, M and the thread count, so it
-is measured: each weight shape, size class of M (1, 2–3, 4–7, 8–15, ...: on this CPU the winner
-changes at those bounds, and a class's few passes soon end its trials) and thread count tries both
-products a few times, then runs the faster one per row, and tries the other again now and then.
+around; a whole pass of the bundled model on a 200-token cache 40–43 → 27 ms for one token and
+62–69 → 31 ms for four; the 1.5B target 306 → 211 and 683 → 372 ms (the turned product at up to
+8 rows). Which is faster depends on the BLAS, the CPU, M and the thread count, so it is
+measured: each weight shape, size class of M (1, 2–3, 4–7, 8–15, ...: on this CPU the winner
+changes near those bounds, and a class's few passes soon end its trials) and thread count tries
+both products a few times, then runs the faster one per row, and tries the other again now and
+then.
 
 Both compute the same sums (float rounding aside, as between a one-token and a k-token pass):
 p is whatever a pass computed, so exactness does not depend on the choice.
@@ -52,7 +54,9 @@ PRODUCTS = {ROWS: rows_product, COLUMNS: columns_product}
 
 class _Shape:
     """One (weight shape, dtype, size class of the rows, threads): each product's last TRIALS
-    timings in seconds per row, and the faster."""
+    timings in seconds per row, and the faster. Not a `threads.ThreadChoice`: that one ranks its
+    options by their medians at every unit, and a pass calls a layer of each shape dozens of
+    times, so here the choice is made again only when the product not chosen has a new timing."""
 
     def __init__(self):
         self.seconds = {ROWS: [], COLUMNS: []}

@@ -25,8 +25,8 @@ class GrammarDrafter:
 
     A grammar round drafts every forced token even when γ is shorter (or 0): under the mask a
     forced token is the only one allowed, p(x) = 1, so it is always kept and costs only its share
-    of the pass; so are forced bytes no token is forced for, as the tokenizer writes them (a guess
-    the target may reject: `RowMatchers.forced`). Prompt lookup matches tokens folded to their
+    of the pass. Forced bytes no token is forced for are drafted too, as the tokenizer writes
+    them, but those are a guess the target may reject (`RowMatchers.forced`). Prompt lookup matches tokens folded to their
     text without a leading space (`ngram.space_folding`): a value starts a JSON string without the
     space it has in the passage.
     `matchers` (a `constraints.RowMatchers`) is the Decoder's, kept at the committed tokens;
