@@ -346,8 +346,8 @@ class GammaController:
         gamma = self.best_gamma(source, optimistic)
         if gamma > 0:
             return gamma
-        cost, passes = self.draft_seconds(source), self.pass_seconds()
-        return min(range(1, self.max_gamma + 1), key=lambda g: g * cost + self.target_seconds(g + 1, passes))
+        cost = self.draft_seconds(source)
+        return min(range(1, self.max_gamma + 1), key=lambda g: g * cost + self.target_seconds(g + 1))
 
     def catch_up_pays(self, source: str, alpha: float, gamma: int, lag: int,
                       tokens_left: int | None) -> bool:
@@ -366,9 +366,9 @@ class GammaController:
         a proposal of its whole length makes worth its pass."""
         if gamma == 0 or self.draft_seconds(source) is None or not self.plain_timed():
             return 0
-        alpha, passes = self._stats(source).alpha(), self.pass_seconds()
-        plain = self.rate(source, alpha, 0, passes)
-        return next((n for n in range(1, gamma + 1) if self.rate(source, alpha, n, passes) >= plain), gamma)
+        alpha = self._stats(source).alpha()
+        plain = self.rate(source, alpha, 0)
+        return next((n for n in range(1, gamma + 1) if self.rate(source, alpha, n) >= plain), gamma)
 
     def plain_timed(self) -> bool:
         """Whether T(1) has _PLAIN_SAMPLES samples at this batch size (its estimate is the smallest
@@ -378,13 +378,8 @@ class GammaController:
     def best_gamma(self, source: str, alpha: float, margin: float = 1.0) -> int:
         """The γ of the highest `rate`, up to _STEADY_GAMMA unless the costs are steady; 0 (a
         plain step) unless that rate beats a plain step's `margin` times."""
-        passes = self.pass_seconds()  # read once: every γ's rate needs T(γ + 1)
-
-        def rate(gamma: int) -> float:
-            return self.rate(source, alpha, gamma, passes)
-
-        best = max(range(1, self.longest(source) + 1), key=rate)
-        return best if rate(best) > margin * rate(0) else 0
+        best = max(range(1, self.longest(source) + 1), key=lambda g: self.rate(source, alpha, g))
+        return best if self.rate(source, alpha, best) > margin * self.rate(source, alpha, 0) else 0
 
     def longest(self, source: str) -> int:
         """max_gamma while T(1) and the draft's cost are steady, else at most _STEADY_GAMMA."""
@@ -394,20 +389,12 @@ class GammaController:
             return self.max_gamma
         return min(self.max_gamma, _STEADY_GAMMA)
 
-    def rate(self, source: str, alpha: float, gamma: int, passes: dict[int, float] | None = None) -> float:
-        """Expected output tokens per second of a round with γ drafts (`passes`: `pass_seconds()`,
-        when the caller has read it already)."""
+    def rate(self, source: str, alpha: float, gamma: int) -> float:
+        """Expected output tokens per second of a round with γ drafts."""
         tokens = sum(alpha ** k for k in range(gamma + 1))  # E[N]
-        return tokens / (gamma * self.draft_seconds(source) + self.target_seconds(gamma + 1, passes))
+        return tokens / (gamma * self.draft_seconds(source) + self.target_seconds(gamma + 1))
 
-    def pass_seconds(self) -> dict[int, float]:
-        """size → the estimate of a pass of that many tokens, for the sizes `target_seconds` reads."""
-        seen = {size: estimate(samples) for size, samples in self.target.items()}
-        if 1 in seen:
-            seen = {size: t for size, t in seen.items() if t <= size * seen[1]}
-        return seen
-
-    def target_seconds(self, k: int, passes: dict[int, float] | None = None) -> float:
+    def target_seconds(self, k: int) -> float:
         """T(k): measured when k was seen, else read off a line between the nearest sizes seen
         on either side; past the sizes seen, each further token costs _PRIOR_SLOPE of the
         cheapest pass. Not a line through all sizes: on a CPU a pass of 2 or 3 tokens can cost
@@ -415,7 +402,9 @@ class GammaController:
         far too high. A size whose pass took longer than k one-token passes is set aside as an
         outlier (a first call's set-up, a busy moment) until it is measured again within that
         bound."""
-        seen = self.pass_seconds() if passes is None else passes
+        seen = {size: estimate(samples) for size, samples in self.target.items()}
+        if 1 in seen:
+            seen = {size: t for size, t in seen.items() if t <= size * seen[1]}
         return seen[k] if k in seen else _between(seen, k)
 
 
