@@ -2,6 +2,7 @@
 from (injected) measured timings, and one-line errors for bad options. No timing thresholds."""
 import json
 import math
+import statistics
 
 import pytest
 
@@ -29,6 +30,7 @@ ROW_FIELDS = {
     "decode_speedup_vs_autoregressive",
     "matches_autoregressive", "peer_settings", "rounds_by_source", "mean_gamma",
     "generation_tokens", "generation_seconds", "grammar_share", "constraint_ms_per_token",
+    "pass_tokens_per_s", "pass_decode_tokens_per_s",
 }
 # fake cost-model inputs (seconds): target passes over 1..9 tokens, and each draft per token
 FAKE_TIMINGS = {
@@ -196,14 +198,37 @@ def test_summary_compares_lookup_and_gamma_auto(tiny_result):
         assert item["best_lookup"]["tokens_per_s"] == ours["tokens_per_s"]
         assert (item["best_hf_lookup"]["draft"], item["best_hf_lookup"]["gamma"]) \
             == ("ngram", peer["gamma"])
-        assert item["lookup_over_hf_lookup"] == pytest.approx(
-            ours["tokens_per_s"] / peer["tokens_per_s"])
+        assert item["lookup_over_hf_lookup"] == pytest.approx(statistics.median(
+            a / b for a, b in zip(ours["pass_tokens_per_s"], peer["pass_tokens_per_s"])))
         autos = [r for r in group if r["method"] == "speculative" and r["gamma"] == "auto"]
         assert [(a["draft"], a["verify"], a["speedup_vs_autoregressive"])
                 for a in item["gamma_auto"]] == [
             (r["draft"], r["verify"], r["speedup_vs_autoregressive"]) for r in autos]
         assert len(autos) == 3 * 2  # three drafts, two rules
         assert item["gamma_sweep"] == []  # one fixed γ: no sweep
+
+
+def test_speedups_pair_the_runs_of_each_pass():
+    """A row's speedup is the median of its ratios to the other row pass by pass (they ran the
+    same prompts seconds apart), not the ratio of two medians taken from different passes; rows
+    without per-pass rates fall back to the ratio of their medians."""
+    from exactspec.bench.report import add_speedups, paired_ratio
+
+    def row(method, rates):
+        return {"method": method, "temperature": 0.0, "prompts": "open", "tokens_per_s":
+                statistics.median(rates), "pass_tokens_per_s": rates,
+                "decode_tokens_per_s": statistics.median(rates), "pass_decode_tokens_per_s": rates}
+
+    plain = row("autoregressive", [10.0, 20.0, 30.0])  # the machine's speed drifts between passes
+    spec = row("speculative", [9.8, 40.0, 8.0])  # 0.98x, 2x, 0.27x the plain run beside it
+    add_speedups([plain, spec])
+    assert spec["speedup_vs_autoregressive"] == pytest.approx(0.98)  # medians' ratio: 0.49
+    assert spec["decode_speedup_vs_autoregressive"] == pytest.approx(0.98)
+    assert plain["speedup_vs_autoregressive"] == 1.0 and spec["speedup_vs_hf_generate"] is None
+    assert paired_ratio({"tokens_per_s": 6.0}, {"tokens_per_s": 4.0}) == 1.5
+    assert paired_ratio({**spec, "pass_tokens_per_s": [9.8, 40.0]}, plain) \
+        == pytest.approx(9.8 / 20.0)  # passes that do not pair up: the ratio of the medians
+    assert paired_ratio(None, plain) is None and paired_ratio(spec, None) is None
 
 
 def test_gamma_sweep_compares_auto_with_the_best_fixed_gamma():

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import statistics
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 AUTO = "auto"
@@ -165,6 +166,8 @@ class GammaController:
     scored: set[str] = field(default_factory=set)  # sources whose one-row α is `observe_evidence`'s
     # this generation's drafting rounds per source: (tokens per row, seconds), for the guard
     delivered: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    _passes: dict[int, float] | None = field(default=None, repr=False)  # while `_pricing`
+    _drafts: dict[str, float | None] = field(default_factory=dict, repr=False)  # the same
 
     @classmethod
     def shared(cls, target, drafter_name: str) -> GammaController:
@@ -191,10 +194,14 @@ class GammaController:
     def draft_seconds(self, source: str) -> float | None:
         """The draft's seconds per token at the current batch size, else at the nearest one
         seen; None before any."""
+        if self._passes is not None and source in self._drafts:
+            return self._drafts[source]
         seen = [rows for rows, costs in self.draft_by_rows.items() if costs.get(source)]
-        if not seen:
-            return None
-        return estimate(self.draft_by_rows[min(seen, key=lambda rows: abs(rows - self.rows))][source])
+        cost = estimate(self.draft_by_rows[min(seen, key=lambda rows: abs(rows - self.rows))][source]) \
+            if seen else None
+        if self._passes is not None:
+            self._drafts[source] = cost
+        return cost
 
     def _stats(self, source: str) -> _Acceptance:
         if source not in self.acceptance:
@@ -299,8 +306,26 @@ class GammaController:
 
     def choose(self, source: str, rows: int = 1, lag: int = 0, tokens_left: int | None = None) -> int:
         """The γ for the next round of `rows` rows when `source` drafts it; `lag`: the tokens the
-        draft must catch up on first, `tokens_left`: the most any row may still generate."""
+        draft must catch up on first, `tokens_left`: the most any row may still generate. Nothing
+        is recorded while it prices (`_pricing`)."""
         self.rows = rows
+        with self._pricing():
+            return self._choose(source, rows, lag, tokens_left)
+
+    @contextmanager
+    def _pricing(self):
+        """Within it the pass and draft estimates are made once (`pass_estimates`,
+        `draft_seconds`), not for every γ priced: nothing is recorded while a round is priced."""
+        if self._passes is not None:
+            yield
+            return
+        self._passes, self._drafts = self.pass_estimates(), {}
+        try:
+            yield
+        finally:
+            self._passes, self._drafts = None, {}
+
+    def _choose(self, source: str, rows: int, lag: int, tokens_left: int | None) -> int:
         if source == "none":
             return 0
         if self.draft_seconds(source) is None:
@@ -367,8 +392,9 @@ class GammaController:
         if gamma == 0 or self.draft_seconds(source) is None or not self.plain_timed():
             return 0
         alpha = self._stats(source).alpha()
-        plain = self.rate(source, alpha, 0)
-        return next((n for n in range(1, gamma + 1) if self.rate(source, alpha, n) >= plain), gamma)
+        with self._pricing():
+            plain = self.rate(source, alpha, 0)
+            return next((n for n in range(1, gamma + 1) if self.rate(source, alpha, n) >= plain), gamma)
 
     def plain_timed(self) -> bool:
         """Whether T(1) has _PLAIN_SAMPLES samples at this batch size (its estimate is the smallest
@@ -391,7 +417,7 @@ class GammaController:
 
     def rate(self, source: str, alpha: float, gamma: int) -> float:
         """Expected output tokens per second of a round with γ drafts."""
-        tokens = sum(alpha ** k for k in range(gamma + 1))  # E[N]
+        tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)  # E[N]
         return tokens / (gamma * self.draft_seconds(source) + self.target_seconds(gamma + 1))
 
     def target_seconds(self, k: int) -> float:
@@ -402,10 +428,16 @@ class GammaController:
         far too high. A size whose pass took longer than k one-token passes is set aside as an
         outlier (a first call's set-up, a busy moment) until it is measured again within that
         bound."""
+        seen = self._passes if self._passes is not None else self.pass_estimates()
+        return seen[k] if k in seen else _between(seen, k)
+
+    def pass_estimates(self) -> dict[int, float]:
+        """k → the estimate of a k-token pass at this batch size, outliers set aside (see
+        `target_seconds`)."""
         seen = {size: estimate(samples) for size, samples in self.target.items()}
         if 1 in seen:
             seen = {size: t for size, t in seen.items() if t <= size * seen[1]}
-        return seen[k] if k in seen else _between(seen, k)
+        return seen
 
 
 def _between(seen: dict[int, float], k: int) -> float:

@@ -3,7 +3,8 @@ model, the machine it ran on, and the JSON file.
 
 A row is one configuration on one prompt kind: per pass, tokens and seconds are summed over the
 kind's prompts; ``tokens_per_s`` is the median over passes (min and max are kept, to show the
-noise). The counters come from the first pass: every pass uses the same seeds, so they repeat.
+noise), and a row's speedup over another is the median of their ratios pass by pass
+(`paired_ratio`). The counters come from the first pass: every pass uses the same seeds, so they repeat.
 
 The measured cost model (`build_costmodel`): α from the runs, the target's cost for one token and
 for a block of γ+1 tokens and the draft's cost per token from direct timings of the models'
@@ -68,17 +69,19 @@ def summarize(spec: RunSpec, kind: str, runs: list[list[RunResult]], config: Ben
     """One row from runs[pass][prompt] of one configuration on one prompt kind."""
     tokens = [sum(len(r.tokens) for r in pass_) for pass_ in runs]
     walls = [sum(r.wall_seconds for r in pass_) for pass_ in runs]
-    rates = [t / w for t, w in zip(tokens, walls) if w > 0]
+    rates = [t / w if w > 0 else None for t, w in zip(tokens, walls)]
     tps = _median(rates)
+    decode = [decode_rate(pass_) for pass_ in runs]
     row = {
         "method": spec.method, "draft": spec.draft, "gamma": spec.gamma, "verify": spec.verify,
         "temperature": spec.temperature, "prompts": kind, "n_prompts": len(runs[0]) // config.seeds,
         "output_tokens": tokens[0], "wall_seconds": _median(walls), "tokens_per_s": tps,
-        "tokens_per_s_min": min(rates) if rates else None,
-        "tokens_per_s_max": max(rates) if rates else None,
+        "tokens_per_s_min": min(filter(None, rates), default=None),
+        "tokens_per_s_max": max(filter(None, rates), default=None),
+        "pass_tokens_per_s": rates, "pass_decode_tokens_per_s": decode,
         "ms_per_token": 1e3 / tps if tps else None,
         "time_to_first_token": _median([r.time_to_first_token for p in runs for r in p]),
-        "decode_tokens_per_s": _median([decode_rate(pass_) for pass_ in runs]),
+        "decode_tokens_per_s": _median(decode),
         # per generation (prompt and seed, in the order of `BenchConfig.jobs`): for `gamma_sweep`
         "generation_tokens": [len(r.tokens) for r in runs[0]],
         "generation_seconds": [_median([pass_[i].wall_seconds for pass_ in runs])
@@ -169,21 +172,32 @@ def add_validity(rows: list[dict], results: dict, config: BenchConfig, tokenizer
             row.setdefault("invalid", None)
 
 
+def paired_ratio(row: dict | None, base: dict | None, name: str = "tokens_per_s") -> float | None:
+    """`row`'s speed over `base`'s: the median over passes of their ratio within a pass (both ran
+    the same prompts, interleaved per prompt, seconds apart, so a pass's ratio is untouched by
+    the machine's speed drifting between passes); the ratio of their medians when either row
+    has no per-pass rates."""
+    if row is None or base is None:
+        return None
+    mine, theirs = row.get(f"pass_{name}"), base.get(f"pass_{name}")
+    if not mine or not theirs or len(mine) != len(theirs):
+        return _ratio(row[name], base[name])
+    return _median([_ratio(a, b) if a is not None else None for a, b in zip(mine, theirs)])
+
+
 def add_speedups(rows: list[dict]) -> None:
-    """speedup_vs_autoregressive and speedup_vs_hf_generate: tokens/s over that row's, for the
-    same temperature and prompt kind; decode_speedup_vs_autoregressive: the same for the decode
-    phase (`decode_rate`)."""
+    """speedup_vs_autoregressive, speedup_vs_hf_generate and speedup_vs_llamacpp: tokens/s over
+    that row's, for the same temperature and prompt kind, paired by pass (`paired_ratio`);
+    decode_speedup_vs_autoregressive: the same for the decode phase (`decode_rate`)."""
     base = {(r["method"], r["temperature"], r["prompts"]): r for r in rows
             if r["method"] in ("autoregressive", "hf_generate", "llamacpp")}
-    rate = lambda key, name: base[key][name] if key in base else None
     for r in rows:
         key = (r["temperature"], r["prompts"])
-        r["speedup_vs_autoregressive"] = _ratio(r["tokens_per_s"],
-                                                rate(("autoregressive", *key), "tokens_per_s"))
-        r["decode_speedup_vs_autoregressive"] = _ratio(
-            r["decode_tokens_per_s"], rate(("autoregressive", *key), "decode_tokens_per_s"))
-        r["speedup_vs_hf_generate"] = _ratio(r["tokens_per_s"], rate(("hf_generate", *key), "tokens_per_s"))
-        r["speedup_vs_llamacpp"] = _ratio(r["tokens_per_s"], rate(("llamacpp", *key), "tokens_per_s"))
+        plain = base.get(("autoregressive", *key))
+        r["speedup_vs_autoregressive"] = paired_ratio(r, plain)
+        r["decode_speedup_vs_autoregressive"] = paired_ratio(r, plain, "decode_tokens_per_s")
+        r["speedup_vs_hf_generate"] = paired_ratio(r, base.get(("hf_generate", *key)))
+        r["speedup_vs_llamacpp"] = paired_ratio(r, base.get(("llamacpp", *key)))
 
 
 def add_pass_at_1(rows: list[dict], results: dict, config: BenchConfig, tokenizer) -> None:
@@ -314,8 +328,7 @@ def build_summary(rows: list[dict]) -> list[dict]:
         out.append({
             "temperature": temperature, "prompts": kind,
             "best_lookup": _brief(ours), "best_hf_lookup": _brief(peer),
-            "lookup_over_hf_lookup": _ratio(ours and ours["tokens_per_s"],
-                                            peer and peer["tokens_per_s"]),
+            "lookup_over_hf_lookup": paired_ratio(ours, peer),
             "gamma_auto": [{**_brief(r), "mean_gamma": r["mean_gamma"]} for r in group
                            if r["method"] == "speculative" and r["gamma"] == AUTO],
             "gamma_sweep": gamma_sweep(group),
@@ -341,18 +354,17 @@ def peer_summary(group: list[dict]) -> dict:
     plain = next((r for r in group if r["method"] == "autoregressive"), None)
     llama = next((r for r in group if r["method"] == "llamacpp"), None)
     server = _fastest([r for r in group if r["method"] == "llama_server"])
-    rate = lambda row: row["tokens_per_s"] if row else None
     same = []
     for draft in dict.fromkeys(r["draft"] for r in group if _is_model_draft(r["draft"])):
         ours = _fastest([r for r in group if r["method"] == "speculative" and r["draft"] == draft])
         theirs = _fastest([r for r in group if r["method"] == "hf_assisted" and r["draft"] == draft])
         if ours and theirs:
             same.append({"draft": draft, "ours": _brief(ours), "hf_assisted": _brief(theirs),
-                         "ratio": _ratio(rate(ours), rate(theirs))})
-    return {"best": _brief(best), "over_autoregressive": _ratio(rate(best), rate(plain)),
-            "best_hf_assisted": _brief(hf), "over_hf_assisted": _ratio(rate(best), rate(hf)),
-            "same_draft": same, "llamacpp": _brief(llama), "over_llamacpp": _ratio(rate(best), rate(llama)),
-            "best_llama_server": _brief(server), "over_llama_server": _ratio(rate(best), rate(server)),
+                         "ratio": paired_ratio(ours, theirs)})
+    return {"best": _brief(best), "over_autoregressive": paired_ratio(best, plain),
+            "best_hf_assisted": _brief(hf), "over_hf_assisted": paired_ratio(best, hf),
+            "same_draft": same, "llamacpp": _brief(llama), "over_llamacpp": paired_ratio(best, llama),
+            "best_llama_server": _brief(server), "over_llama_server": paired_ratio(best, server),
             "pass_at_1": [{**_brief(r), "pass_at_1": r["pass_at_1"],
                            "minus_plain": r["pass_at_1_minus_plain"]}
                           for r in group if r["method"] == "speculative" and r.get("pass_at_1") is not None]}
@@ -383,7 +395,7 @@ def gamma_sweep(group: list[dict]) -> list[dict]:
         out.append({"draft": draft, "verify": verify, "best_gamma": best["gamma"],
                     "best_tokens_per_s": best["tokens_per_s"],
                     "auto_tokens_per_s": auto["tokens_per_s"], "auto_mean_gamma": auto["mean_gamma"],
-                    "auto_over_best": _ratio(auto["tokens_per_s"], best["tokens_per_s"]),
+                    "auto_over_best": paired_ratio(auto, best),
                     "generations": len(auto["generation_seconds"]),
                     "interval": _paired_interval(auto, best)})
     return out
