@@ -8,7 +8,7 @@ The controller keeps, from rounds already run (the past-only rule, so the output
   batch size not seen yet takes the nearest one's);
 - a model draft's catch-up seconds per token: after rounds it sat out (and for the prompt) it
   feeds the tokens it missed before drafting, so it drafts only if what drafting saves over the
-  tokens left to generate pays for that;
+  tokens left to generate pays for that twice over (`_CATCH_UP_MARGIN`);
 - α per source: kept drafts / (kept drafts + rejections) in this generation, the geometric
   model's estimate, starting from a uniform prior; for prompt lookup on one row, which can score
   itself against every committed token (`NGramDrafter.evidence`), hits / (hits + misses) instead.
@@ -72,6 +72,12 @@ _RECHECK = 1.5  # a drafting round dearer than this times its price re-times T(1
 _MARGIN = 1.1
 _STEADY_GAMMA = 8  # longer blocks only while costs are steady
 _STEADY_SPREAD = 1.5  # steady: the largest recent sample at most this times the smallest
+# Drafting after a catch-up must save this many times the catch-up's expected cost: its cost per
+# token swings with the lag's length and the machine (the bundled model's bfloat16 copy read 44
+# and 40 tokens at 13.5 and 29 ms a token, a minute apart), and a wrong yes pays the whole
+# catch-up while a wrong no forgoes at most half of what drafting would save (seen: an idle
+# bench row at 0.90x plain, its catch-ups priced at half what they cost).
+_CATCH_UP_MARGIN = 2.0
 _GUARD_ROUNDS = 4  # drafting rounds of a source in a generation before the guard judges them
 _PLAIN_SAMPLES = 3  # T(1) is timed this many times at a batch size before rounds are priced there
 _PRIOR_SLOPE = 0.05  # past the pass sizes seen, a token costs this share of the cheapest pass
@@ -376,12 +382,13 @@ class GammaController:
 
     def catch_up_pays(self, source: str, alpha: float, gamma: int, lag: int,
                       tokens_left: int | None) -> bool:
-        """Whether drafting at γ from now on saves, over the tokens left, more than the catch-up
-        on `lag` tokens costs (true while that cost or the budget is unknown)."""
+        """Whether drafting at γ from now on saves, over the tokens left, more than
+        _CATCH_UP_MARGIN times what the catch-up on `lag` tokens is expected to cost (true while
+        that cost or the budget is unknown)."""
         if not lag or tokens_left is None or not self.catch_up.get(source):
             return True
         saved = tokens_left * (1 / self.rate(source, alpha, 0) - 1 / self.rate(source, alpha, gamma))
-        return saved > lag * estimate(self.catch_up[source])
+        return saved > _CATCH_UP_MARGIN * lag * estimate(self.catch_up[source])
 
     def min_drafts(self, source: str, gamma: int) -> int:
         """The fewest drafts worth a target pass in a round of up to γ: a proposal of fewer (prompt
