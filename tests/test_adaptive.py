@@ -242,9 +242,10 @@ def test_timings_are_kept_per_batch_size():
 
 def test_a_draft_that_must_catch_up_drafts_only_if_the_tokens_left_repay_it():
     """A model draft that sat out 700 tokens catches up at 2 ms a token (1.4 s): with 30 tokens
-    left, drafting's saving (about 20 ms a token) does not repay it, with 500 left it does; a
-    draft in step drafts either way, and no probe catches up when even perfect drafts could not
-    repay it."""
+    left, drafting's saving (about 25 ms a token) does not repay it, with 500 left it does; with
+    80 left it saves 2.0 s, more than the catch-up but not twice it (`_CATCH_UP_MARGIN`), and with
+    120 it saves 3.0 s; a draft in step drafts either way, and no probe catches up when even
+    perfect drafts could not repay it."""
     controller = GammaController()
     plain_steps(controller, 0.040)
     for _ in range(5):
@@ -252,6 +253,8 @@ def test_a_draft_that_must_catch_up_drafts_only_if_the_tokens_left_repay_it():
     controller.observe_catch_up("model", 1.4, 700)
     assert controller.choose("model", lag=700, tokens_left=30) == 0
     assert controller.choose("model", lag=700, tokens_left=500) > 0
+    assert controller.choose("model", lag=700, tokens_left=80) == 0
+    assert controller.choose("model", lag=700, tokens_left=120) > 0
     assert controller.choose("model", lag=0, tokens_left=30) > 0
     assert set(controller.choose("model", lag=7000, tokens_left=30) for _ in range(200)) == {0}
 
