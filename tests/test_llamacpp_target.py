@@ -95,7 +95,11 @@ def runtime_path(target):
     return target.model.path
 
 
-NEAR_TIE = 0.05  # logits: a top-2 gap this small may flip with the order llama.cpp sums in
+# logits: a top-2 gap this small may flip with the order llama.cpp sums in (seen: 0.007 on a
+# Xeon VM; 0.068 on an AMD EPYC VM, for a row that joined a running batch, whose cache cells sit
+# among other rows' and rejected drafts' — the same prefix scored alone in a fresh context, or
+# beside other rows in a decode of up to 48 tokens, is bit-identical there)
+NEAR_TIE = 0.1
 
 
 def top2(target, tokens: list[int]) -> tuple[list[int], float]:
@@ -107,7 +111,14 @@ def top2(target, tokens: list[int]) -> tuple[list[int], float]:
 
 def assert_greedy_alike(target, out, plain) -> None:
     """Each row of `out` is plain greedy decoding's, or first differs at a near-tie (below)."""
-    for mine, theirs in zip(as_lists(out.sequences), as_lists(plain.sequences)):
+    assert_rows_alike(target, as_lists(out.sequences), as_lists(plain.sequences))
+
+
+def assert_rows_alike(target, rows: list[list[int]], plain: list[list[int]]) -> None:
+    """Each row equals its plain greedy decoding, or first differs at a near-tie of the target's
+    top 2 (NEAR_TIE), the row's token one of them."""
+    assert len(rows) == len(plain)
+    for mine, theirs in zip(rows, plain):
         if mine != theirs:
             at = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
             best, gap = top2(target, theirs[:at])
@@ -143,12 +154,13 @@ def test_a_small_decode_scores_a_token_as_a_decode_of_one_does(target):
 def test_rows_join_and_leave_the_llama_cpp_target(target, prompts):
     """Continuous batching on the llama.cpp target: rows join at a round boundary (their
     prompts fed into new sequences of the same context) and leave as they finish; each equals
-    plain greedy decoding alone."""
+    plain greedy decoding alone, up to near-ties (`assert_rows_alike`: a joined row's cells sit
+    among the other rows')."""
     budgets = [12, 20, 7]
     alone = [as_lists(autoregressive_generate(target, torch.tensor([p]), max_new_tokens=n,
                                               temperature=0, eos_token_id=[]).sequences)[0]
              for p, n in zip(prompts, budgets)]
-    assert join_mid_batch(target, make_drafter("ngram"), prompts, budgets) == alone
+    assert_rows_alike(target, join_mid_batch(target, make_drafter("ngram"), prompts, budgets), alone)
 
 
 def test_the_context_grows_and_rejected_drafts_leave_their_rows(target, prompts, monkeypatch):
