@@ -147,7 +147,9 @@ def test_sequences_hold_exactly_the_committed_tokens(target, prompts):
     for rows in drafter.seen:
         b = -1
         for known, fed, last_position in rows:  # the rows still running, in their batch order
-            b = next(i for i in range(b + 1, len(committed)) if committed[i][: len(known)] == known)
+            b = next((i for i in range(b + 1, len(committed))
+                      if committed[i][: len(known)] == known), None)
+            assert b is not None, f"no row after the last matched one has committed {known}"
             assert len(known) > len(prompts[b]) - 1
             assert last_position == fed - 1
 

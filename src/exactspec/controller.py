@@ -172,8 +172,7 @@ class GammaController:
     scored: set[str] = field(default_factory=set)  # sources whose one-row α is `observe_evidence`'s
     # this generation's drafting rounds per source: (tokens per row, seconds), for the guard
     delivered: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    _passes: dict[int, float] | None = field(default=None, repr=False)  # while `_pricing`
-    _drafts: dict[str, float | None] = field(default_factory=dict, repr=False)  # the same
+    _priced: dict | None = field(default=None, repr=False)  # estimates made while `_pricing`
 
     @classmethod
     def shared(cls, target, drafter_name: str) -> GammaController:
@@ -200,14 +199,13 @@ class GammaController:
     def draft_seconds(self, source: str) -> float | None:
         """The draft's seconds per token at the current batch size, else at the nearest one
         seen; None before any."""
-        if self._passes is not None and source in self._drafts:
-            return self._drafts[source]
+        return self._once(source, lambda: self._draft_estimate(source))
+
+    def _draft_estimate(self, source: str) -> float | None:
         seen = [rows for rows, costs in self.draft_by_rows.items() if costs.get(source)]
-        cost = estimate(self.draft_by_rows[min(seen, key=lambda rows: abs(rows - self.rows))][source]) \
-            if seen else None
-        if self._passes is not None:
-            self._drafts[source] = cost
-        return cost
+        if not seen:
+            return None
+        return estimate(self.draft_by_rows[min(seen, key=lambda rows: abs(rows - self.rows))][source])
 
     def _stats(self, source: str) -> _Acceptance:
         if source not in self.acceptance:
@@ -320,16 +318,24 @@ class GammaController:
 
     @contextmanager
     def _pricing(self):
-        """Within it the pass and draft estimates are made once (`pass_estimates`,
-        `draft_seconds`), not for every γ priced: nothing is recorded while a round is priced."""
-        if self._passes is not None:
+        """Within it the pass and draft estimates are made once each, when first needed
+        (`_once`), not for every γ priced: nothing is recorded while a round is priced."""
+        if self._priced is not None:
             yield
             return
-        self._passes, self._drafts = self.pass_estimates(), {}
+        self._priced = {}
         try:
             yield
         finally:
-            self._passes, self._drafts = None, {}
+            self._priced = None
+
+    def _once(self, key, make):
+        """make(), kept under `key` while `_pricing`."""
+        if self._priced is None:
+            return make()
+        if key not in self._priced:
+            self._priced[key] = make()
+        return self._priced[key]
 
     def _choose(self, source: str, rows: int, lag: int, tokens_left: int | None) -> int:
         if source == "none":
@@ -435,7 +441,7 @@ class GammaController:
         far too high. A size whose pass took longer than k one-token passes is set aside as an
         outlier (a first call's set-up, a busy moment) until it is measured again within that
         bound."""
-        seen = self._passes if self._passes is not None else self.pass_estimates()
+        seen = self._once(None, self.pass_estimates)  # None: no source's name
         return seen[k] if k in seen else _between(seen, k)
 
     def pass_estimates(self) -> dict[int, float]:

@@ -70,14 +70,15 @@ def summarize(spec: RunSpec, kind: str, runs: list[list[RunResult]], config: Ben
     tokens = [sum(len(r.tokens) for r in pass_) for pass_ in runs]
     walls = [sum(r.wall_seconds for r in pass_) for pass_ in runs]
     rates = [t / w if w > 0 else None for t, w in zip(tokens, walls)]
+    timed = [r for r in rates if r is not None]
     tps = _median(rates)
     decode = [decode_rate(pass_) for pass_ in runs]
     row = {
         "method": spec.method, "draft": spec.draft, "gamma": spec.gamma, "verify": spec.verify,
         "temperature": spec.temperature, "prompts": kind, "n_prompts": len(runs[0]) // config.seeds,
         "output_tokens": tokens[0], "wall_seconds": _median(walls), "tokens_per_s": tps,
-        "tokens_per_s_min": min(filter(None, rates), default=None),
-        "tokens_per_s_max": max(filter(None, rates), default=None),
+        "tokens_per_s_min": min(timed, default=None),
+        "tokens_per_s_max": max(timed, default=None),
         "pass_tokens_per_s": rates, "pass_decode_tokens_per_s": decode,
         "ms_per_token": 1e3 / tps if tps else None,
         "time_to_first_token": _median([r.time_to_first_token for p in runs for r in p]),
