@@ -259,6 +259,24 @@ def test_a_draft_that_must_catch_up_drafts_only_if_the_tokens_left_repay_it():
     assert set(controller.choose("model", lag=7000, tokens_left=30) for _ in range(200)) == {0}
 
 
+def test_a_grammar_rounds_forced_drafts_are_priced_as_kept_and_say_nothing_of_alpha():
+    """A round whose first 4 drafts are forced (free: p = 1 under the mask) drafts them whatever
+    γ is; γ is the tail after them, and α counts the tail only. Grammar rounds that kept their 4
+    forced drafts and none of the 6 after them leave α at 0 kept (counting the forced ones it
+    would read 4 kept per rejection and price a long tail), so the tail is 0; a tail kept whole
+    prices a long one; and a round with free drafts has none too few to pay for its pass."""
+    controller = GammaController()
+    plain_steps(controller, 0.040)
+    for _ in range(10):
+        controller.observe("grammar", 10, torch.tensor([4]), 11, 0.0001, 0.060, free=4)
+    assert (controller.acceptance["grammar"].accepted, controller.acceptance["grammar"].rejected) == (0, 10)
+    assert controller.choose("grammar", free=4) == 0
+    assert controller.min_drafts("grammar", 0, free=4) == 0
+    for _ in range(40):
+        controller.observe("grammar", 10, torch.tensor([10]), 11, 0.0001, 0.060, free=4)
+    assert controller.choose("grammar", free=4) >= 4
+
+
 def test_a_lockstep_batch_counts_each_round_as_its_least_kept_row():
     """In a fixed batch (done when its slowest row is) a round counts as the row that kept the
     fewest drafts; a row that drafted nothing counts as a rejection."""

@@ -15,6 +15,7 @@ import exactspec as es
 from conftest import ALPHA, GRAMMAR_VOCAB, chi_square_pvalue, make_grammar_tokenizer, make_tiny_llama
 from exactspec.batching import RowSettings
 from exactspec.constraints import Constraint, Masked, RowMatchers, as_constraint, matcher_tokenizer
+from exactspec.controller import GammaController
 from exactspec.drafters import NGramDrafter
 from exactspec.engine import Decoder, pad_prompts
 from exactspec.models import LoadedModel
@@ -471,6 +472,22 @@ def test_grammar_rounds_draft_every_forced_token_even_at_gamma_0():
                                   temperature=0.0, constraint=GRAMMARS["jsonish"])
     assert out.sequences.tolist() == plain.sequences.tolist()
     assert out.rounds_by_source["grammar"] == 1 and out.kept_by_source["grammar"] == 4
+
+
+def test_the_first_rounds_forced_drafts_share_the_prompts_pass():
+    """The grammar forces the opening before any pass: the first round scores the prompt and
+    those drafts in one pass (one target call per round, none for the prefill alone), and the
+    controller takes no T(k) from that pass (it also read the prompt)."""
+    target, _ = grammar_pair()
+    ids = torch.tensor([PROMPT])
+    controller = GammaController()
+    out = es.speculative_generate(target, "ngram", ids, gamma=controller, max_new_tokens=8,
+                                  temperature=0.0, constraint=GRAMMARS["jsonish"])
+    plain = es.autoregressive_generate(target, ids, max_new_tokens=8, temperature=0.0,
+                                       constraint=GRAMMARS["jsonish"])
+    assert out.sequences.tolist() == plain.sequences.tolist()
+    assert out.stats.target_calls == out.stats.rounds and out.kept_by_source["grammar"] >= 4
+    assert max(controller.target, default=0) < len(PROMPT)
 
 
 def test_grammar_rounds_do_not_score_the_lookup():

@@ -137,9 +137,10 @@ def record_feeds(monkeypatch):
 
 
 def test_caches_are_reused_and_cut_back(tiny_pair, monkeypatch):
-    """Target and draft: the whole prompt once. Then the target takes the first round's γ' drafts
-    and γ'+1 tokens per later round; the draft only what it has not seen (the correction, or its
-    last draft and the bonus) and one token per further proposal. No recomputation."""
+    """Target and draft: the whole prompt once, the target's in one pass with the first round's
+    γ' drafts, then γ'+1 tokens per later round; the draft only what it has not seen (the
+    correction, or its last draft and the bonus) and one token per further proposal. No
+    recomputation."""
     target, draft = tiny_pair
     feeds = record_feeds(monkeypatch)
     prompt, n = PROMPTS[1], 40
@@ -149,8 +150,8 @@ def test_caches_are_reused_and_cut_back(tiny_pair, monkeypatch):
     assert s.output_tokens == n == s.accepted_drafts + s.corrections + s.bonus_tokens
     assert s.corrections > 0 and s.bonus_tokens > 0  # both paths were taken
     target_sizes = [size for model, _, size in feeds if model is target]
-    assert target_sizes[0] == len(prompt)
-    assert len(target_sizes) == s.target_calls == s.rounds + 1
+    assert target_sizes[0] == len(prompt) + 3
+    assert len(target_sizes) == s.target_calls == s.rounds
     assert sum(target_sizes) == s.target_tokens_fed == len(prompt) + s.drafted_tokens + s.rounds - 1
     draft_sizes = [size for model, _, size in feeds if model is draft]
     assert draft_sizes[0] == len(prompt)

@@ -317,7 +317,7 @@ class AutoGamma:
         seconds = report.draft_seconds + report.target_seconds
         for name in self.since_drafting.keys() | {key}:
             self.since_drafting[name] = self.since_drafting.get(name, 0.0) + seconds
-        if gamma and plain:
+        if gamma and plain and report.target_tokens:  # (a round that read the prompts: no rate)
             self._learn_payoff(key, report, seconds, plain)
         for stats in self.acceptance.values():
             if stats.accepted + stats.rejected > ACCEPTANCE_WINDOW:

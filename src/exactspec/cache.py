@@ -59,15 +59,17 @@ class CachedModel:
         """Kept tokens per row, i.e. the position of each row's next token. [B]"""
         return self.valid.sum(dim=1)
 
-    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int = 0) -> torch.Tensor:
         """Fill the cache with the prompts tokens[B, n] (left-padded, so the last column is a real
-        token in every row) and return the logits after them, [B, V]. Only the last position's
-        logits are computed: a prompt's output layer would otherwise cost more than a step."""
-        keep = {"logits_to_keep": 1} if self._keeps_logits else {}
-        output, positions = self._run(tokens, valid, **keep)
-        logits = output.logits[:, -1:, : self.vocab_size].to(self.device)  # [B, 1, V]
-        check_finite(logits, valid[:, -1:], positions[:, -1:], self.name)
-        return logits[:, 0]  # [B, V]
+        token in every row) and return the logits after them, [B, V]; keep ≥ 1: after each of the
+        last `keep` columns (real in every row), [B, keep, V]. Only those positions' logits are
+        computed: a prompt's output layer would otherwise cost more than a step."""
+        last = max(keep, 1)
+        kept = {"logits_to_keep": last} if self._keeps_logits else {}
+        output, positions = self._run(tokens, valid, **kept)
+        logits = output.logits[:, -last:, : self.vocab_size].to(self.device)  # [B, last, V]
+        check_finite(logits, valid[:, -last:], positions[:, -last:], self.name)
+        return logits if keep else logits[:, 0]  # [B, keep, V] or [B, V]
 
     def feed(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Run tokens[B, n] after the cache; `valid[B, n]` marks padding slots (False) that become

@@ -34,6 +34,11 @@ for that it drafts only when a round promises _MARGIN times a plain step's rate.
 It picks γ in 0..max_gamma maximizing E[N](α, γ) / (γ · c_draft + T(γ + 1)), where
 E[N] = Σ_{k=0..γ} α^k and γ = 0 is a plain step (one token per T(1)).
 
+A round whose first `free` drafts are kept with certainty (a grammar round's forced tokens: p = 1
+under the mask) drafts them whatever γ is, so γ is the tail after them: it maximizes
+(free + E[N](α, γ)) / (γ · c_draft + T(free + γ + 1)), with no plain step to beat, and α is the
+tail's (the forced drafts, always kept, would price a long tail as if it were always kept too).
+
 Before rounds at a batch size are priced, T(1), what every round is weighed against, is timed
 with _PLAIN_SAMPLES plain steps (they cost nothing against plain decoding; fewer would leave T(1)
 the smallest of fewer samples than the drafting rounds' T(k), biased towards drafting); before
@@ -215,10 +220,12 @@ class GammaController:
         return self.acceptance[source]
 
     def observe(self, source: str, drafted: int | list[int], num_accepted, target_tokens: int,
-                draft_seconds: float | None, target_seconds: float, draft_calls: int = 0) -> None:
+                draft_seconds: float | None, target_seconds: float, draft_calls: int = 0,
+                free: int = 0) -> None:
         """Learn from one finished round: its timings, the draft model's forward passes (0 for a
         drafter without a model; draft_seconds None when the round says nothing of the draft's
-        cost) and each row's τ, num_accepted[B].
+        cost) and each row's τ, num_accepted[B]. The first `free` drafts of every row were
+        certain (`choose`): α counts only the drafts after them, in rows that kept them all.
         drafted: the drafts of every row, or a list of each row's own (rows of a continuous batch
         differ); a row that drafted nothing in a round that drafted (no lookup match, its
         budget's last token) counts as a rejection: it got the one token of a plain step.
@@ -242,15 +249,19 @@ class GammaController:
         if draft_seconds is not None:
             _record(self.draft, source, draft_seconds / (draft_calls or width))
         probe = self.probes.get(source)
-        self._deliver(source, sum(kept) / len(kept) + 1, (draft_seconds or 0.0) + target_seconds,
-                      probe is not None and probe.pending)
+        if target_tokens > 0:  # a round that also read the prompts says nothing of its rate
+            self._deliver(source, sum(kept) / len(kept) + 1, (draft_seconds or 0.0) + target_seconds,
+                          probe is not None and probe.pending)
         if probe is not None and probe.pending:  # the probe's outcome sets the ladder
             whole = all(tau >= n for tau, n in zip(kept, per_row))
             probe.ladder = 2 * probe.pending if whole else 0
             probe.pending = 0
-        if source not in self.scored or self.rows > 1:
-            self._count(source, sum(min(tau, n) for tau, n in zip(kept, per_row)),
-                        sum(1 for tau, n in zip(kept, per_row) if tau < n or n == 0))
+        if source in self.scored and self.rows == 1:
+            return
+        pairs = list(zip(kept, per_row)) if not free else [
+            (tau - free, n - free) for tau, n in zip(kept, per_row) if tau >= free and n > free]
+        self._count(source, sum(min(tau, n) for tau, n in pairs),
+                    sum(1 for tau, n in pairs if tau < n or n == 0))
 
     def _check_price(self, source: str, width: int, target_tokens: int, seconds: float) -> None:
         """A drafting round that cost more than _RECHECK times its price re-times T(1)."""
@@ -308,13 +319,15 @@ class GammaController:
         if tokens > 0:
             _record(self.catch_up, source, seconds / tokens)
 
-    def choose(self, source: str, rows: int = 1, lag: int = 0, tokens_left: int | None = None) -> int:
+    def choose(self, source: str, rows: int = 1, lag: int = 0, tokens_left: int | None = None,
+               free: int = 0) -> int:
         """The γ for the next round of `rows` rows when `source` drafts it; `lag`: the tokens the
-        draft must catch up on first, `tokens_left`: the most any row may still generate. Nothing
-        is recorded while it prices (`_pricing`)."""
+        draft must catch up on first, `tokens_left`: the most any row may still generate, `free`:
+        the drafts every row keeps for certain before the γ chosen here (see the module's
+        docstring). Nothing is recorded while it prices (`_pricing`)."""
         self.rows = rows
         with self._pricing():
-            return self._choose(source, rows, lag, tokens_left)
+            return self._choose(source, rows, lag, tokens_left, free)
 
     @contextmanager
     def _pricing(self):
@@ -337,7 +350,7 @@ class GammaController:
             self._priced[key] = make()
         return self._priced[key]
 
-    def _choose(self, source: str, rows: int, lag: int, tokens_left: int | None) -> int:
+    def _choose(self, source: str, rows: int, lag: int, tokens_left: int | None, free: int) -> int:
         if source == "none":
             return 0
         if self.draft_seconds(source) is None:
@@ -345,6 +358,9 @@ class GammaController:
         if not self.plain_timed():
             return 0  # a plain step times T(1)
         stats = self._stats(source)
+        if free:  # the free drafts come anyway: the best tail after them, however short
+            return max(range(self.longest(source) + 1),
+                       key=lambda g: self.rate(source, stats.alpha(), g, free))
         scored = source in self.scored and rows == 1  # α from every committed token, free drafts
         gamma = self.best_gamma(source, stats.alpha(), _MARGIN if scored else 1.0)
         if gamma > 0 and not self.catch_up_pays(source, stats.alpha(), gamma, lag, tokens_left):
@@ -396,13 +412,14 @@ class GammaController:
         saved = tokens_left * (1 / self.rate(source, alpha, 0) - 1 / self.rate(source, alpha, gamma))
         return saved > _CATCH_UP_MARGIN * lag * estimate(self.catch_up[source])
 
-    def min_drafts(self, source: str, gamma: int) -> int:
+    def min_drafts(self, source: str, gamma: int, free: int = 0) -> int:
         """The fewest drafts worth a target pass in a round of up to γ: a proposal of fewer (prompt
         lookup often finds only a short match) is expected to deliver fewer tokens per second
         than a plain step, so the round drops it. 0 (keep any proposal) before the costs are
         known; γ when no length up to γ pays: that round is a probe (`probe_gamma`), which only
-        a proposal of its whole length makes worth its pass."""
-        if gamma == 0 or self.draft_seconds(source) is None or not self.plain_timed():
+        a proposal of its whole length makes worth its pass. 0 when the round has `free` drafts
+        (they pay for its pass)."""
+        if gamma == 0 or free or self.draft_seconds(source) is None or not self.plain_timed():
             return 0
         alpha = self._stats(source).alpha()
         with self._pricing():
@@ -428,10 +445,11 @@ class GammaController:
             return self.max_gamma
         return min(self.max_gamma, _STEADY_GAMMA)
 
-    def rate(self, source: str, alpha: float, gamma: int) -> float:
-        """Expected output tokens per second of a round with γ drafts."""
+    def rate(self, source: str, alpha: float, gamma: int, free: int = 0) -> float:
+        """Expected output tokens per second of a round with γ drafts after `free` certain ones."""
         tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)  # E[N]
-        return tokens / (gamma * self.draft_seconds(source) + self.target_seconds(gamma + 1))
+        return (free + tokens) / (gamma * self.draft_seconds(source)
+                                  + self.target_seconds(free + gamma + 1))
 
     def target_seconds(self, k: int) -> float:
         """T(k): measured when k was seen, else read off a line between the nearest sizes seen
@@ -467,12 +485,16 @@ def _between(seen: dict[int, float], k: int) -> float:
 
 def observe_round(controller, source: str, report, drafted=None) -> None:
     """The controller learns from a finished round, `exactspec.engine.Round` (drafted: each row's
-    drafts, when rows differ), and a GammaController also from the draft's catch-up and the
-    drafter's scores of itself."""
+    drafts, when rows differ), and a GammaController also from the drafter's scores of itself,
+    the round's free drafts and the draft's catch-up."""
     draft_seconds, draft_calls = report.draft_cost()
-    if report.evidence and isinstance(controller, GammaController):
+    facts = (source, report.drafted if drafted is None else drafted, report.num_accepted,
+             report.target_tokens, draft_seconds, report.target_seconds, draft_calls)
+    if not isinstance(controller, GammaController):
+        controller.observe(*facts)
+        return
+    if report.evidence:
         controller.observe_evidence(report.evidence)
-    controller.observe(source, report.drafted if drafted is None else drafted, report.num_accepted,
-                       report.target_tokens, draft_seconds, report.target_seconds, draft_calls)
-    if report.catch_up[1] and isinstance(controller, GammaController):
+    controller.observe(*facts, free=report.free)
+    if report.catch_up[1]:
         controller.observe_catch_up(source, report.catch_up[0], report.lag)

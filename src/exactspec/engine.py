@@ -4,9 +4,10 @@ A round: the drafter proposes γ tokens x_1..x_γ per row with their q; the targ
 [last committed token, x_1..x_γ] of every row in one pass, giving p_1..p_{γ+1}; `verify_block`
 keeps a prefix of each row's drafts and adds one correction or bonus token. Rows keep different
 numbers of tokens; the target forgets what a row did not keep (`exactspec.targets`: the target
-protocol, with a Hugging Face model's KV cache or a llama.cpp context behind it). The prefill scores the whole prompt and keeps the logits after it, so the first
-round feeds only its γ drafts; after that each row's cache holds its committed tokens minus the
-last one (the correction or bonus), and a round feeds exactly γ+1 tokens per row. Plain decoding
+protocol, with a Hugging Face model's KV cache or a llama.cpp context behind it). The first
+round's pass scores the whole prompt and its γ drafts at once (`Scorer`); after that each row's
+cache holds its committed tokens minus the last one (the correction or bonus), and a round feeds
+exactly γ+1 tokens per row. Plain decoding
 is the same loop with no drafter (γ = 0: each round draws the bonus token from p).
 
 Rows that end (EOS or their token budget) leave the batch, so they stop costing compute.
@@ -25,7 +26,7 @@ from exactspec.batching import DRAFT, ContinuousBatching, left_pad
 from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
 from exactspec.constraints import RowMatchers, as_constraint
 from exactspec.drafters import Drafter, Proposal, make_drafter
-from exactspec.drafters.base import drafter_evidence, drafter_lag
+from exactspec.drafters.base import drafter_evidence, drafter_free, drafter_lag
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.rows import DecodeStats, EndRow, Rows  # noqa: F401 (EndRow: part of the API)
 from exactspec.sampling import SamplingConfig
@@ -128,6 +129,7 @@ class Round:
     catch_up: tuple[float, int] = (0.0, 0)  # of those: the seconds and passes of catching up
     lag: int = 0  # the tokens the draft had to catch up on (see `drafters.base.lag`)
     evidence: dict = field(default_factory=dict)  # the drafter's scores of itself (`drafter_evidence`)
+    free: int = 0  # drafts every row kept for certain, first in its block (`drafter_free`)
 
     def draft_cost(self) -> tuple[float | None, int]:
         """The draft's seconds and passes without its catch-up (a one-off cost after rounds it sat
@@ -178,18 +180,22 @@ class Decoder(ContinuousBatching):
         lm, drafter, rows = self.lm, self.drafter, self.rows
         block = self._block(gamma)  # the longest budget left decides
         calls_before, started, lag = (lm.calls, drafter.calls), self.clock.read(), drafter_lag(drafter)
+        free = drafter_free(drafter)
         # 1. draft: up to γ tokens per row, with the q they were drawn from
         sampling = self._settings()  # bound to each row's prefix when its processing reads it
         proposal = drafter.propose(block, sampling, self._stream(DRAFT))
         if proposal.tokens.size(1) < min_drafts:  # too short to pay for its target pass
             proposal = Proposal(proposal.tokens[:, :0], None)  # [b, 0]
         drafts = proposal.tokens.to(lm.device)  # [b, γ']
-        drafted_at, fed_before = self.clock.read(), lm.tokens_fed
-        # 2. score: one target pass over the last committed token and the drafts
+        drafted_at, fed_before, prefill = self.clock.read(), lm.tokens_fed, self.scorer.pending
+        # 2. score: one target pass over the last committed token and the drafts (the first
+        #    round's over the prompts and the drafts: its time says nothing of T(k), target_tokens 0)
         p = sampling.probs(self.scorer.score(self.last, drafts), drafts=drafts)  # [b, γ'+1, V]
-        report = Round(drafts.size(1), None, (lm.tokens_fed - fed_before) // drafts.size(0),
+        fed = 0 if prefill else (lm.tokens_fed - fed_before) // drafts.size(0)
+        report = Round(drafts.size(1), None, fed,
                        drafted_at - started, self.clock.read() - drafted_at,
-                       drafter.calls - calls_before[1], getattr(drafter, "catch_up", (0.0, 0)), lag)
+                       drafter.calls - calls_before[1], getattr(drafter, "catch_up", (0.0, 0)), lag,
+                       free=free)
         # 3. verify: keep a prefix of the drafts, then one correction or bonus token
         result = self._verify(proposal, drafts, p)
         report.num_accepted = tau = result.num_accepted  # [b]
@@ -230,14 +236,16 @@ class Decoder(ContinuousBatching):
             self.sampling = self.per_row.sampling()
         self.matchers.select(going)
         if not self.done:
+            self.scorer.prefill()  # rows cancelled before the first round: the prompts first
             self.lm.select(going)
             self.drafter.select(going)
 
     def situation(self) -> dict:
         """What a `GammaController` weighs besides past rounds: the rows in the batch, the tokens
-        the draft must catch up on (its lag) and the most tokens any row may still generate."""
+        the draft must catch up on (its lag), the most tokens any row may still generate and the
+        drafts every row keeps for certain (`drafter_free`)."""
         return dict(rows=self.rows.active.numel(), lag=drafter_lag(self.drafter),
-                    tokens_left=self.rows.budget_left())
+                    tokens_left=self.rows.budget_left(), free=drafter_free(self.drafter))
 
     def output(self) -> GenerateOutput:
         return _output(self.ids, self.valid, self.rows, self.lm, self.drafter, self.rounds,
@@ -279,8 +287,9 @@ def _choose(controller, source: str, decoder: Decoder) -> tuple[int, int]:
     decide for every rank). A `GammaController` also weighs the batch size, the draft's lag and
     the tokens left; any controller with `choose(source)` will do."""
     if isinstance(controller, GammaController):
-        chosen = controller.choose(source, **decoder.situation())
-        shortest = controller.min_drafts(source, chosen)
+        situation = decoder.situation()
+        chosen = controller.choose(source, **situation)
+        shortest = controller.min_drafts(source, chosen, situation["free"])
     else:
         chosen = controller.choose(source)
         shortest = controller.min_drafts(source, chosen) if hasattr(controller, "min_drafts") else 0

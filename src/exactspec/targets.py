@@ -2,8 +2,10 @@
 
 A target holds B rows of committed tokens (its cache) and scores new tokens after them:
 
-- `prefill(tokens[B, n], valid[B, n]) -> [B, V]`: the rows' prompts (left-padded; `valid`
-  marks real tokens), returning the logits after each row's last one;
+- `prefill(tokens[B, n], valid[B, n], keep=0) -> [B, V]`: the rows' prompts (left-padded;
+  `valid` marks real tokens), returning the logits after each row's last one; keep ≥ 1: after
+  each of its last `keep` tokens (real in every row), [B, keep, V] (a prompt and the first
+  round's drafts in one pass, `Scorer`);
 - `feed(tokens[B, n]) -> [B, n, V]`: n more tokens per row (a round's [last committed token,
   drafts]), the logits after each;
 - `discard_last(counts[B])`: row b forgets its last counts[b] tokens (drafts scored under a
@@ -63,9 +65,13 @@ class LlamaCppTarget:
     def threads(self):
         return torch_on_one_thread()
 
-    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """The prompts tokens[B, n] (`valid` marks real tokens); the logits after each. [B, V]"""
+    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """The prompts tokens[B, n] (`valid` marks real tokens); the logits after each, [B, V], or
+        keep ≥ 1: after each of a row's last `keep` tokens, fed after the rest, [B, keep, V]."""
         prompts = self._append(tokens, valid)
+        if keep:
+            self.rows.decode([p[:-keep] for p in prompts], logits=False)
+            return self.feed(torch.tensor([p[-keep:] for p in prompts]))  # [B, keep, V]
         logits = self.rows.decode(prompts)  # [B, V]
         self._check(logits.unsqueeze(1), [[len(p) - 1] for p in prompts])
         return logits
@@ -105,18 +111,35 @@ class LlamaCppTarget:
 
 
 class Scorer:
-    """A target's scores for the round loop, holding the logits after the prompt until the first
-    round uses them.
+    """A target's scores for the round loop, which scores the prompts with the first round.
 
-    The prefill already scored each row's last prompt token, so the first round feeds only its
-    drafts; every later round feeds [last committed token, drafts]."""
+    The first round's pass runs over the prompts and that round's drafts at once (a grammar's
+    forced opening, a lookup from the prompt: proposed before any pass), so those drafts cost
+    their share of the prefill, not a pass of their own; every later round feeds [last committed
+    token, drafts]. `prefill()` scores the prompts alone first (before the rows change), keeping
+    the logits after them for the first round."""
 
     def __init__(self, target, ids: torch.Tensor, valid: torch.Tensor):
-        self.target = target
-        self.after_prompt = target.prefill(ids, valid)  # [B, V], the logits of the first new position
+        self.target, self.prompts = target, (ids, valid)  # [B, L] each, until the first pass
+        self.after_prompt = None  # [B, V] once `prefill` ran and until the first round
+
+    @property
+    def pending(self) -> bool:
+        """Whether the prompts are still to be scored (the next round's pass includes them)."""
+        return self.prompts is not None
+
+    def prefill(self) -> None:
+        if self.prompts is not None:
+            (ids, valid), self.prompts = self.prompts, None
+            self.after_prompt = self.target.prefill(ids, valid)  # [B, V]
 
     def score(self, last: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
         """Logits for the positions after the last committed token and after each draft. [b, γ'+1, V]"""
+        if self.prompts is not None:  # the prompts, then the drafts, in one pass
+            (ids, valid), self.prompts = self.prompts, None
+            return self.target.prefill(torch.cat([ids, drafts], dim=1),  # [B, L + γ']
+                                       torch.cat([valid, valid.new_ones(drafts.shape)], dim=1),
+                                       keep=drafts.size(1) + 1)  # [B, γ'+1, V]
         if self.after_prompt is None:
             return self.target.feed(torch.cat([last.unsqueeze(1), drafts], dim=1))  # [b, γ'+1, V]
         first = self.after_prompt.unsqueeze(1)  # [B, 1, V]

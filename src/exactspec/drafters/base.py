@@ -31,6 +31,12 @@ def drafter_lag(drafter) -> int:
     return drafter.lag() if hasattr(drafter, "lag") else 0
 
 
+def drafter_free(drafter) -> int:
+    """A drafter's `free()`: how many of every row's next drafts are kept for certain (a grammar
+    round's forced tokens); 0 for drafters that have none."""
+    return drafter.free() if hasattr(drafter, "free") else 0
+
+
 def drafter_evidence(drafter) -> dict[str, list[tuple[int, int]]]:
     """A drafter's `evidence()` (source → each row's hits and misses since the last call, from
     committed tokens only), {} for drafters that do not score themselves."""

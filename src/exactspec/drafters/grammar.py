@@ -23,9 +23,10 @@ class GrammarDrafter:
     it). The inner drafter sees a round it did not draft afterwards (`observe`), as the auto
     draft's idle one does.
 
-    A grammar round drafts every forced token even when γ is shorter (or 0): under the mask a
-    forced token is the only one allowed, p(x) = 1, so it is always kept and costs only its share
-    of the pass. Forced bytes no token is forced for are drafted too, as the tokenizer writes
+    A grammar round drafts every forced token, then up to γ more (γ = 0: the forced ones only):
+    under the mask a forced token is the only one allowed, p(x) = 1, so it is always kept and
+    costs only its share of the pass (`free`: the controller prices them as kept and chooses the
+    tail after them). Forced bytes no token is forced for are drafted too, as the tokenizer writes
     them, but those are a guess the target may reject (`RowMatchers.forced`). Prompt lookup matches tokens folded to their
     text without a leading space (`ngram.space_folding`): a value starts a JSON string without the
     space it has in the passage.
@@ -68,12 +69,20 @@ class GrammarDrafter:
             self.source = GRAMMAR if any(self.forced) else self.inner.next_source()
         return self.source
 
+    def free(self) -> int:
+        """The forced drafts of the next round that every row has (0 unless a grammar round),
+        within the budget: drafted whatever γ is, and kept (forced bytes no token is forced for
+        are a guess, priced as kept too: a text laid out as the tokenizer writes it keeps them)."""
+        if self.next_source() != GRAMMAR:
+            return 0
+        return min(min(len(forced), max(self.budget() - 1, 0)) for forced in self.forced)
+
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         self.own = True
-        if self.next_source() == GRAMMAR:  # every forced token, within the budget
-            gamma = max(gamma, min(max(map(len, self.forced)), self.budget() - 1))
-            return self._point_mass([self._chain(b, forced[:gamma], gamma)
+        if self.next_source() == GRAMMAR:  # every forced token, then up to γ more, within the budget
+            cap = max(self.budget() - 1, 0)
+            return self._point_mass([self._chain(b, forced[:cap], min(len(forced) + gamma, cap))
                                      for b, forced in enumerate(self.forced)])
         proposal = self.inner.propose(gamma, sampling, generator)
         if proposal.q is not None:  # model drafts come from a masked q: all allowed
