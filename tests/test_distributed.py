@@ -204,7 +204,7 @@ def _other_choices_on_followers(rank: int):
     saved = GammaController.choose, GammaController.min_drafts
     if rank:
         GammaController.choose = lambda self, source, **_: 1
-        GammaController.min_drafts = lambda self, source, gamma: gamma + 1  # drop every proposal
+        GammaController.min_drafts = lambda self, source, gamma, *_: gamma + 1  # drop every proposal
     try:
         yield
     finally:

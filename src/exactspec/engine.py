@@ -7,8 +7,8 @@ numbers of tokens; the target forgets what a row did not keep (`exactspec.target
 protocol, with a Hugging Face model's KV cache or a llama.cpp context behind it). The first
 round's pass scores the whole prompt and its γ drafts at once (`Scorer`); after that each row's
 cache holds its committed tokens minus the last one (the correction or bonus), and a round feeds
-exactly γ+1 tokens per row. Plain decoding
-is the same loop with no drafter (γ = 0: each round draws the bonus token from p).
+exactly γ+1 tokens per row. Plain decoding is the same loop with no drafter (γ = 0: each round
+draws the bonus token from p).
 
 Rows that end (EOS or their token budget) leave the batch, so they stop costing compute.
 A row's output is exact however it is cut: a prefix of an exact sample is an exact sample.

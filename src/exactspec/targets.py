@@ -67,14 +67,18 @@ class LlamaCppTarget:
 
     def prefill(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int = 0) -> torch.Tensor:
         """The prompts tokens[B, n] (`valid` marks real tokens); the logits after each, [B, V], or
-        keep ≥ 1: after each of a row's last `keep` tokens, fed after the rest, [B, keep, V]."""
+        keep ≥ 1: after each of a row's last `keep` tokens, [B, keep, V]. Those after the first
+        of them are fed apart, after the rest (llama.cpp decodes them as one prompt either way;
+        fed apart they are scored as every later round's are, and a greedy generation is the
+        same whether its first round drafted or not)."""
         prompts = self._append(tokens, valid)
-        if keep:
-            self.rows.decode([p[:-keep] for p in prompts], logits=False)
-            return self.feed(torch.tensor([p[-keep:] for p in prompts]))  # [B, keep, V]
-        logits = self.rows.decode(prompts)  # [B, V]
-        self._check(logits.unsqueeze(1), [[len(p) - 1] for p in prompts])
-        return logits
+        heads = [p[: len(p) - max(keep - 1, 0)] for p in prompts]
+        logits = self.rows.decode(heads)  # [B, V]
+        self._check(logits.unsqueeze(1), [[len(p) - 1] for p in heads])
+        if keep <= 1:
+            return logits.unsqueeze(1) if keep else logits
+        rest = self.feed(torch.tensor([p[len(h):] for p, h in zip(prompts, heads)]))  # [B, keep-1, V]
+        return torch.cat([logits.unsqueeze(1), rest], dim=1)  # [B, keep, V]
 
     def feed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens[B, n] after each row's tokens; the logits after each of them. [B, n, V]"""
