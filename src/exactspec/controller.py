@@ -359,8 +359,8 @@ class GammaController:
             return 0  # a plain step times T(1)
         stats = self._stats(source)
         if free:  # the free drafts come anyway: the best tail after them, however short
-            return max(range(self.longest(source) + 1),
-                       key=lambda g: self.rate(source, stats.alpha(), g, free))
+            alpha = stats.alpha()
+            return max(range(self.longest(source) + 1), key=lambda g: self.rate(source, alpha, g, free))
         scored = source in self.scored and rows == 1  # α from every committed token, free drafts
         gamma = self.best_gamma(source, stats.alpha(), _MARGIN if scored else 1.0)
         if gamma > 0 and not self.catch_up_pays(source, stats.alpha(), gamma, lag, tokens_left):

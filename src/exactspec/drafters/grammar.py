@@ -75,13 +75,17 @@ class GrammarDrafter:
         are a guess, priced as kept too: a text laid out as the tokenizer writes it keeps them)."""
         if self.next_source() != GRAMMAR:
             return 0
-        return min(min(len(forced), max(self.budget() - 1, 0)) for forced in self.forced)
+        return min(min(len(forced), self._room()) for forced in self.forced)
+
+    def _room(self) -> int:
+        """The most drafts a row may have: one token of the budget is the round's own."""
+        return max(self.budget() - 1, 0)
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         self.own = True
         if self.next_source() == GRAMMAR:  # every forced token, then up to γ more, within the budget
-            cap = max(self.budget() - 1, 0)
+            cap = self._room()
             return self._point_mass([self._chain(b, forced[:cap], min(len(forced) + gamma, cap))
                                      for b, forced in enumerate(self.forced)])
         proposal = self.inner.propose(gamma, sampling, generator)
