@@ -530,3 +530,21 @@ def test_lookup_matches_a_value_without_its_leading_space():
     assert folded.continuation([], 2, 1, "latest") == [7, 8]
     assert folded.lookup(1, "latest") == (1, 0)
     assert folded.tokens == passage_then_value
+
+
+def test_word_rest_completes_a_split_word_only_when_the_context_says_how():
+    """`grammar.word_rest`: the word the context ends inside, completed from the earlier text when
+    that names one completion (a value's first word split unlike the passage's), else nothing."""
+    from exactspec.drafters.grammar import word_rest
+
+    def rest(text, n=8):
+        tokens = TOKENIZER.encode(text, add_special_tokens=False)
+        return TOKENIZER.decode(word_rest(TOKENIZER, tokens, n))
+
+    assert rest('stella sat. "ste') == "lla"
+    assert rest('stella sat. "ste', n=2) == "ll"
+    assert rest('stella stern. "ste') == ""  # two completions
+    assert rest('stella sat. "ste', n=0) == ""
+    assert rest('stella sat. "') == ""  # not inside a word
+    assert rest('stella sat. "den') == ""  # the text never has it
+    assert word_rest(None, [1, 2, 3, 4, 5], 4) == []

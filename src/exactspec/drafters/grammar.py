@@ -2,6 +2,8 @@
 of any other drafter (which drafts the rounds where the grammar forces nothing)."""
 from __future__ import annotations
 
+import re
+
 import torch
 
 from exactspec.drafters.base import Proposal, drafter_lag
@@ -9,6 +11,24 @@ from exactspec.drafters.ngram import space_folding
 from exactspec.sampling import SamplingConfig
 
 GRAMMAR = "grammar"  # the source of a round of grammar-forced drafts
+WORD_TAIL = 3  # tokens read back for the word being written (`word_rest`)
+
+
+def word_rest(tokenizer, tokens: list[int], n: int) -> list[int]:
+    """The rest of the word the context ends inside, when the earlier context completes it one way
+    only, tokenized, at most n; [] otherwise. A value copied into a JSON string can split its first
+    word unlike the passage (`"Val` + `encia` against ` Valencia`), where token lookup finds
+    nothing; the text still does. A point-mass guess like any lookup draft: exact whatever it is."""
+    if tokenizer is None or len(tokens) <= WORD_TAIL:
+        return []
+    partial = re.search(r"\w+$", tokenizer.decode(tokens[-WORD_TAIL:]))
+    if partial is None:
+        return []
+    before = tokenizer.decode(tokens[:-WORD_TAIL])
+    rests = set(re.findall(rf"(?<!\w){re.escape(partial.group())}(\w+)", before))
+    if len(rests) != 1:
+        return []
+    return tokenizer.encode(rests.pop(), add_special_tokens=False)[:n]
 
 
 class GrammarDrafter:
@@ -101,7 +121,8 @@ class GrammarDrafter:
     def _chain(self, b: int, start: list[int], gamma: int) -> list[int]:
         index = self.lookup.rows[b] if self.lookup is not None else None
         follow = None if index is None else (
-            lambda drafts, n: index.continuation(drafts, n, self.lookup.min_ngram, self.lookup.rule))
+            lambda drafts, n: index.continuation(drafts, n, self.lookup.min_ngram, self.lookup.rule)
+            or word_rest(self.matchers.tokenizer, index.tokens + drafts, n))
         return self.matchers.chain(b, start, gamma, follow)
 
     def _point_mass(self, rows: list[list[int]]) -> Proposal:
