@@ -445,7 +445,7 @@ def test_grammar_chain_drafts_forced_tokens_then_lookup():
     matchers = RowMatchers(TOKENIZER, V, {EOS})
     matchers.join([GRAMMARS["jsonish"]])
     forced = matchers.forced(8)[0]
-    lookup = lambda drafts, n: [ID["c"], ID["e"], ID["}"], ID["a"]][:n]  # "ce}" then a stray "a"
+    lookup = lambda drafts, n, forced: ([ID["c"], ID["e"], ID["}"], ID["a"]][:n], False)  # "ce}", a stray "a"
     assert matchers.chain(0, [], 16, lookup) == forced + [ID["c"], ID["e"], ID["}"]]
     assert matchers.chain(0, [], 2, lookup) == forced[:2]
     assert matchers.allowed(None, 1)[0, 0].nonzero().flatten().tolist() == [ID['{"']]  # rolled back
@@ -538,13 +538,55 @@ def test_word_rest_completes_a_split_word_only_when_the_context_says_how():
     from exactspec.drafters.grammar import word_rest
 
     def rest(text, n=8):
-        tokens = TOKENIZER.encode(text, add_special_tokens=False)
-        return TOKENIZER.decode(word_rest(TOKENIZER, tokens, n))
+        tokens, ends = word_rest(TOKENIZER, TOKENIZER.encode(text, add_special_tokens=False), n)
+        return TOKENIZER.decode(tokens), ends
 
-    assert rest('stella sat. "ste') == "lla"
-    assert rest('stella sat. "ste', n=2) == "ll"
-    assert rest('stella stern. "ste') == ""  # two completions
-    assert rest('stella sat. "ste', n=0) == ""
-    assert rest('stella sat. "') == ""  # not inside a word
-    assert rest('stella sat. "den') == ""  # the text never has it
-    assert word_rest(None, [1, 2, 3, 4, 5], 4) == []
+    assert rest('stella sat. "ste') == ("lla", False)
+    assert rest('stella, sat. "ste') == ("lla", True)  # its clause ends after it
+    assert rest('stella, sat. "ste', n=2) == ("ll", False)
+    assert rest('stella stern. "ste') == ("", False)  # two completions
+    assert rest('stella sat. "ste', n=0) == ("", False)
+    assert rest('stella sat. "') == ("", False)  # not inside a word
+    assert rest('stella sat. "den') == ("", False)  # the text never has it
+    assert word_rest(None, [1, 2, 3, 4, 5], 4) == ([], False)
+
+
+def test_clause_cut_stops_a_passage_where_its_clause_ends():
+    """`grammar.clause_cut`: a passage's tokens up to the first comma, stop, semicolon, ! or ?
+    that a space or the end follows (a number's point does not end a clause)."""
+    from exactspec.drafters.grammar import clause_cut
+
+    def cut(text, n):
+        tokens, ends = clause_cut(TOKENIZER, TOKENIZER.encode(text, add_special_tokens=False), n)
+        return TOKENIZER.decode(tokens), ends
+
+    assert cut("fen, a", 8) == ("fen", True)
+    assert cut("fen, a", 3) == ("fen", True)  # the clause end read past the n tokens
+    assert cut("fen, a", 2) == ("fe", False)
+    assert cut("4.5 at", 8) == ("4.5 at", False)
+    assert cut("at 4.", 8) == ("at 4", True)
+    assert cut(", a", 8) == ("", True)
+
+
+def test_a_copied_value_is_ended_where_it_seems_to_end():
+    """Where lookup says the value's clause ends, or the grammar cuts lookup's continuation, the
+    chain drafts the value's end as the tokenizer writes it with the forced text after it (the
+    next key), and stops there; a value with nothing allowed to end it gets nothing."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+              "required": ["a", "b"], "additionalProperties": False}
+    matchers = RowMatchers(TOKENIZER, V, {EOS})
+    matchers.join([Constraint.json_schema(schema)])
+    spell = lambda text: TOKENIZER.encode(text, add_special_tokens=False)
+    matchers.advance([spell('{"a": "')])
+    copied = lambda drafts, n, forced: (spell("fed")[:n], True)
+    assert TOKENIZER.decode(matchers.chain(0, [], 16, copied)) == 'fed", "b": '
+    assert TOKENIZER.decode(matchers.chain(0, [], 4, copied)) == 'fed"'
+    going_on = lambda drafts, n, forced: ([] if drafts else spell("fed")[:n], False)
+    assert TOKENIZER.decode(matchers.chain(0, [], 16, going_on)) == "fed"
+    matchers.advance([spell('{"a": "fed", "b": 4')])
+    letters = lambda drafts, n, forced: (spell("5 at")[:n], False)  # the grammar cuts " at"
+    assert TOKENIZER.decode(matchers.chain(0, [], 16, letters)) == "5}"
+    fresh = RowMatchers(TOKENIZER, V, {EOS})
+    fresh.join([Constraint.json_schema(schema)])
+    fresh.advance([spell('{"a": "fed", "b": ')])
+    assert fresh.chain(0, [], 16, lambda drafts, n, forced: (spell("a")[:n], False)) == []

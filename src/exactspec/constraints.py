@@ -30,6 +30,8 @@ CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "lark")
 # and punctuation of a schema are forced tokens (`RowMatchers.forced`).
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _FORCED_MAX = 256  # tokens of forced text drafted at once, at most
+# Text that ends a JSON value, tried in turn where a copied value seems to end (`RowMatchers.chain`).
+VALUE_ENDS = ('",', '"', ",", "}", "]")
 
 
 def _llguidance():
@@ -215,19 +217,29 @@ class RowMatchers:
 
     def chain(self, b: int, start: list[int], gamma: int, lookup=None) -> list[int]:
         """Row b's point-mass drafts: `start` (allowed by its grammar), then, while shorter than
-        γ, its forced text (`_forced_next`), else `lookup(drafts so far, n)`'s continuation
-        cut where the grammar stops allowing it; the matcher is rolled back afterwards."""
+        γ, its forced text (`_forced_next`), else the continuation of `lookup(drafts so far, n,
+        how many of them end in forced text)` → (tokens, whether the value they copy ends after
+        them) cut where the grammar stops allowing it. Where the value seems to end (lookup says so, or the grammar cut its
+        continuation), the value's end is guessed (`_value_end`) and the chain stops: the next
+        value's first token is the pass's bonus. The matcher is rolled back afterwards."""
         matcher = self.rows[b]
         if matcher is None:
             return list(start)
         started = time.perf_counter()
         drafts = list(start)
         taken = matcher.try_consume_tokens(drafts)
-        while len(drafts) < gamma:
+        guessed = False  # a value's end was guessed: what comes after it is the next pass's
+        forced = 0  # drafts at the end that are forced text
+        while len(drafts) < gamma and not guessed:
             more = self._forced_next(matcher)
-            if not more and lookup is not None:
-                more = lookup(drafts, gamma - len(drafts))
-                more = more[: matcher.validate_tokens(more)]
+            if more:
+                forced += len(more)
+            elif lookup is not None:
+                more, ends = lookup(drafts, gamma - len(drafts), forced)
+                allowed = matcher.validate_tokens(more)
+                more, ends, forced = more[:allowed], ends or allowed < len(more), 0
+                if ends:
+                    more, guessed = more + self._value_end(matcher, more), True
             more = more[: gamma - len(drafts)]
             if not more:
                 break
@@ -236,6 +248,29 @@ class RowMatchers:
         matcher.rollback(taken)
         self.seconds += time.perf_counter() - started
         return drafts
+
+    def _value_end(self, matcher, before: list[int]) -> list[int]:
+        """The tokens that end the value after `before` (allowed), as the tokenizer writes them:
+        the first of `VALUE_ENDS` the grammar allows there, then the text it forces after that
+        (`", "city": "` closing one string and opening the next key's); [] if none is allowed.
+        A guess from the prefix alone, a point-mass draft: exact whatever it is."""
+        taken = matcher.try_consume_tokens(before)
+        guess = []
+        for text in VALUE_ENDS:
+            tokens = self.tokenizer.encode(text, add_special_tokens=False)
+            if matcher.validate_tokens(tokens) == len(tokens):
+                ended = matcher.try_consume_tokens(tokens)
+                forced = matcher.compute_ff_bytes()
+                matcher.rollback(ended)
+                try:
+                    text += forced.decode("utf-8")
+                except UnicodeDecodeError:
+                    pass
+                guess = self.tokenizer.encode(text, add_special_tokens=False)
+                guess = guess[: matcher.validate_tokens(guess)]
+                break
+        matcher.rollback(taken)
+        return guess
 
     def allowed_prefix(self, b: int, drafts: list[int]) -> int:
         """How many of `drafts` row b's grammar allows in a row (all of them unconstrained)."""

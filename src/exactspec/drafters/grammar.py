@@ -12,23 +12,38 @@ from exactspec.sampling import SamplingConfig
 
 GRAMMAR = "grammar"  # the source of a round of grammar-forced drafts
 WORD_TAIL = 3  # tokens read back for the word being written (`word_rest`)
+LOOKAHEAD = 2  # tokens of the passage read past a continuation for where its clause ends
+CLAUSE_END = re.compile(r"[,.;!?](?=\s|$)")  # a copied value most often ends right before one
 
 
-def word_rest(tokenizer, tokens: list[int], n: int) -> list[int]:
+def word_rest(tokenizer, tokens: list[int], n: int) -> tuple[list[int], bool]:
     """The rest of the word the context ends inside, when the earlier context completes it one way
-    only, tokenized, at most n; [] otherwise. A value copied into a JSON string can split its first
-    word unlike the passage (`"Val` + `encia` against ` Valencia`), where token lookup finds
-    nothing; the text still does. A point-mass guess like any lookup draft: exact whatever it is."""
+    only, tokenized, at most n, and whether a clause ends right after it there; ([], False)
+    otherwise. A value copied into a JSON string can split its first word unlike the passage
+    (`"Val` + `encia` against ` Valencia`), where token lookup finds nothing; the text still does.
+    A point-mass guess like any lookup draft: exact whatever it is."""
     if tokenizer is None or len(tokens) <= WORD_TAIL:
-        return []
+        return [], False
     partial = re.search(r"\w+$", tokenizer.decode(tokens[-WORD_TAIL:]))
     if partial is None:
-        return []
+        return [], False
     before = tokenizer.decode(tokens[:-WORD_TAIL])
-    rests = set(re.findall(rf"(?<!\w){re.escape(partial.group())}(\w+)", before))
+    rests = {(found.group(1), CLAUSE_END.match(before, found.end()) is not None)
+             for found in re.finditer(rf"(?<!\w){re.escape(partial.group())}(\w+)", before)}
     if len(rests) != 1:
-        return []
-    return tokenizer.encode(rests.pop(), add_special_tokens=False)[:n]
+        return [], False
+    rest, ends = rests.pop()
+    tokens = tokenizer.encode(rest, add_special_tokens=False)
+    return tokens[:n], ends and len(tokens) <= n
+
+
+def clause_cut(tokenizer, tokens: list[int], n: int) -> tuple[list[int], bool]:
+    """The first n of a passage's tokens, cut before the first clause end (`CLAUSE_END`) within
+    them, and whether it was cut there."""
+    for i in range(min(n, len(tokens)) + 1):
+        if i < len(tokens) and CLAUSE_END.match(tokenizer.decode(tokens[i:i + LOOKAHEAD])):
+            return tokens[:i], True
+    return tokens[:n], False
 
 
 class GrammarDrafter:
@@ -106,12 +121,14 @@ class GrammarDrafter:
         self.own = True
         if self.next_source() == GRAMMAR:  # every forced token, then up to γ more, within the budget
             cap = self._room()
-            return self._point_mass([self._chain(b, forced[:cap], min(len(forced) + gamma, cap))
+            return self._point_mass([self._chain(b, [], min(len(forced) + gamma, cap))
                                      for b, forced in enumerate(self.forced)])
         proposal = self.inner.propose(gamma, sampling, generator)
         if proposal.q is not None:  # model drafts come from a masked q: all allowed
             self.own = False
             return proposal
+        if self.lookup is not None:  # prompt lookup's round: its proposal, read by `_follow`
+            return self._point_mass([self._chain(b, [], gamma) for b in range(len(self.forced))])
         drafts = proposal.tokens.tolist()
         lengths = proposal.lengths or [len(row) for row in drafts]
         starts = [row[: min(n, self.matchers.allowed_prefix(b, row[:n]))]
@@ -120,10 +137,20 @@ class GrammarDrafter:
 
     def _chain(self, b: int, start: list[int], gamma: int) -> list[int]:
         index = self.lookup.rows[b] if self.lookup is not None else None
-        follow = None if index is None else (
-            lambda drafts, n: index.continuation(drafts, n, self.lookup.min_ngram, self.lookup.rule)
-            or word_rest(self.matchers.tokenizer, index.tokens + drafts, n))
-        return self.matchers.chain(b, start, gamma, follow)
+        return self.matchers.chain(b, start, gamma, None if index is None else
+                                   lambda drafts, n, forced: self._follow(index, drafts, n, forced))
+
+    def _follow(self, index, drafts: list[int], n: int, forced: int) -> tuple[list[int], bool]:
+        """Prompt lookup's next tokens after the drafts, at most n: the token lookup's
+        continuation, else the rest of a split word (`word_rest`); and whether the passage's
+        clause ends right after them, where the chain guesses that the value ends too. After
+        `forced` drafts of forced text the match must reach past them: a key and its `": "`
+        are the same before every value, so a match of them alone proposes the wrong value."""
+        tokenizer, min_n = self.matchers.tokenizer, max(self.lookup.min_ngram, forced + 1)
+        more = index.continuation(drafts, n + LOOKAHEAD, min_n, self.lookup.rule)
+        if more:
+            return clause_cut(tokenizer, more, n) if tokenizer is not None else (more[:n], False)
+        return word_rest(tokenizer, index.tokens + drafts, n)
 
     def _point_mass(self, rows: list[list[int]]) -> Proposal:
         """Drafts per row, padded to the longest by repeating a row's last (any deterministic
