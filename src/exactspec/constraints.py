@@ -219,9 +219,10 @@ class RowMatchers:
         """Row b's point-mass drafts: `start` (allowed by its grammar), then, while shorter than
         γ, its forced text (`_forced_next`), else the continuation of `lookup(drafts so far, n,
         how many of them end in forced text)` → (tokens, whether the value they copy ends after
-        them) cut where the grammar stops allowing it. Where the value seems to end (lookup says so, or the grammar cut its
-        continuation), the value's end is guessed (`_value_end`) and the chain stops: the next
-        value's first token is the pass's bonus. The matcher is rolled back afterwards."""
+        them) cut where the grammar stops allowing it. Where the value seems to end (lookup says
+        so, or the grammar cut its continuation), the value's end is guessed (`_value_end`) and
+        the chain stops: the next value's first token is the pass's bonus. The matcher is rolled
+        back afterwards."""
         matcher = self.rows[b]
         if matcher is None:
             return list(start)

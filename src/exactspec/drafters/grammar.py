@@ -51,11 +51,11 @@ class GrammarDrafter:
     grammar forces its next tokens (the keys and punctuation of a schema, a closing quote: its
     matcher's fast-forward tokens), the round drafts them (source "grammar", point-mass: the
     target keeps each with probability p(x) under its mask, exact by the point-mass rule);
-    otherwise `inner` drafts, and its point-mass drafts (prompt lookup) are cut before the first
-    token the row's grammar does not allow (that token could only be rejected). Point-mass drafts
-    then go on up to γ (`RowMatchers.chain`): forced tokens, else prompt lookup's continuation
-    after the drafts so far (a value copied from the prompt, then the punctuation and key after
-    it). The inner drafter sees a round it did not draft afterwards (`observe`), as the auto
+    otherwise `inner` drafts, and its point-mass drafts are cut before the first token the row's
+    grammar does not allow (that token could only be rejected). Point-mass drafts go on up to γ
+    (`RowMatchers.chain`): forced tokens, else prompt lookup's continuation after the drafts so
+    far (`_follow`: a value copied from the prompt, ended where the passage's clause ends, then
+    the punctuation and key after it); a lookup round is that chain from its first token. The inner drafter sees a round it did not draft afterwards (`observe`), as the auto
     draft's idle one does.
 
     A grammar round drafts every forced token, then up to γ more (γ = 0: the forced ones only):
