@@ -206,14 +206,17 @@ class RowMatchers:
         tokens = matcher.compute_ff_tokens()
         if tokens:
             return tokens
-        forced = matcher.compute_ff_bytes()
         try:
-            text = forced.decode("utf-8")
+            text = matcher.compute_ff_bytes().decode("utf-8")
         except UnicodeDecodeError:  # forced bytes end inside a character
             return []
-        guess = self.tokenizer.encode(text, add_special_tokens=False) if text else []
-        guess = [t for t in guess if t < self.vocab]
-        return guess[: matcher.validate_tokens(guess)]
+        return self._spelled(matcher, text)
+
+    def _spelled(self, matcher, text: str) -> list[int]:
+        """`text` as the tokenizer writes it, within the vocabulary, cut to what the matcher allows."""
+        tokens = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        tokens = [t for t in tokens if t < self.vocab]
+        return tokens[: matcher.validate_tokens(tokens)]
 
     def chain(self, b: int, start: list[int], gamma: int, lookup=None) -> list[int]:
         """Row b's point-mass drafts: `start` (allowed by its grammar), then, while shorter than
@@ -265,10 +268,9 @@ class RowMatchers:
                 matcher.rollback(ended)
                 try:
                     text += forced.decode("utf-8")
-                except UnicodeDecodeError:
+                except UnicodeDecodeError:  # forced bytes end inside a character
                     pass
-                guess = self.tokenizer.encode(text, add_special_tokens=False)
-                guess = guess[: matcher.validate_tokens(guess)]
+                guess = self._spelled(matcher, text)
                 break
         matcher.rollback(taken)
         return guess

@@ -40,8 +40,8 @@ def word_rest(tokenizer, tokens: list[int], n: int) -> tuple[list[int], bool]:
 def clause_cut(tokenizer, tokens: list[int], n: int) -> tuple[list[int], bool]:
     """The first n of a passage's tokens, cut before the first clause end (`CLAUSE_END`) within
     them, and whether it was cut there."""
-    for i in range(min(n, len(tokens)) + 1):
-        if i < len(tokens) and CLAUSE_END.match(tokenizer.decode(tokens[i:i + LOOKAHEAD])):
+    for i in range(min(n + 1, len(tokens))):
+        if CLAUSE_END.match(tokenizer.decode(tokens[i:i + LOOKAHEAD])):
             return tokens[:i], True
     return tokens[:n], False
 
@@ -55,8 +55,9 @@ class GrammarDrafter:
     grammar does not allow (that token could only be rejected). Point-mass drafts go on up to γ
     (`RowMatchers.chain`): forced tokens, else prompt lookup's continuation after the drafts so
     far (`_follow`: a value copied from the prompt, ended where the passage's clause ends, then
-    the punctuation and key after it); a lookup round is that chain from its first token. The inner drafter sees a round it did not draft afterwards (`observe`), as the auto
-    draft's idle one does.
+    the punctuation and key after it); a lookup round is that chain from its first token. The
+    inner drafter sees a round it did not draft afterwards (`observe`), as the auto draft's idle
+    one does.
 
     A grammar round drafts every forced token, then up to γ more (γ = 0: the forced ones only):
     under the mask a forced token is the only one allowed, p(x) = 1, so it is always kept and
