@@ -508,6 +508,31 @@ def test_grammar_rounds_do_not_score_the_lookup():
     assert all(tally == (0, 0) for rows in lookup.evidence().values() for tally in rows)
 
 
+def test_lookup_rounds_score_the_chain_they_propose_even_at_gamma_0():
+    """In a lookup round the grammar drafter scores the chain it proposes (`chain_score`), not
+    the bare lookup: a round at γ = 0 drafts nothing but scores its chain's first guess against
+    the plain step's token; a round that drafts scores its drafts."""
+    from exactspec.drafters.grammar import GrammarDrafter
+
+    matchers = RowMatchers(TOKENIZER, V, {EOS})
+    matchers.join([GRAMMARS["short"]])  # nothing forced at its start
+    lookup = NGramDrafter()
+    drafter = GrammarDrafter(lookup, matchers, budget=lambda: 16)
+    drafter.start(torch.tensor([PROMPT]), torch.ones(1, len(PROMPT), dtype=torch.bool), V)
+    chains = []
+    drafter._chain = lambda b, start, gamma: chains.append(gamma) or [ID["a"], ID["b"]][:gamma]
+    source = drafter.next_source()
+    assert source in lookup.sources
+    assert drafter.propose(0, SamplingConfig(), None).tokens.shape == (1, 0) and chains == [1]
+    drafter.commit(torch.tensor([0]), torch.tensor([ID["a"]]))
+    assert drafter.evidence() == {source: [(1, 0)]}
+    assert drafter.evidence() == {}  # drained
+    source = drafter.next_source()
+    assert drafter.propose(2, SamplingConfig(), None).tokens[0].tolist() == [ID["a"], ID["b"]]
+    drafter.commit(torch.tensor([0]), torch.tensor([ID["c"]]))
+    assert drafter.evidence() == {source: [(0, 1)]}
+
+
 class Vocab:
     def __init__(self, vocab):
         self.vocab = vocab
@@ -532,23 +557,38 @@ def test_lookup_matches_a_value_without_its_leading_space():
     assert folded.tokens == passage_then_value
 
 
-def test_word_rest_completes_a_split_word_only_when_the_context_says_how():
-    """`grammar.word_rest`: the word the context ends inside, completed from the earlier text when
-    that names one completion (a value's first word split unlike the passage's), else nothing."""
-    from exactspec.drafters.grammar import word_rest
+def test_text_rest_goes_on_as_the_earlier_text_does_where_it_says_how():
+    """`grammar.text_rest`: after the word the context ends inside, the earlier text after every
+    word that starts so, in the whole words they share, up to where the clause ends (a value's
+    first word split unlike the passage's; a whole word, whose clause's end is the value's)."""
+    from exactspec.drafters.grammar import text_rest
 
     def rest(text, n=8):
-        tokens, ends = word_rest(TOKENIZER, TOKENIZER.encode(text, add_special_tokens=False), n)
+        tokens, ends = text_rest(TOKENIZER, TOKENIZER.encode(text, add_special_tokens=False), n)
         return TOKENIZER.decode(tokens), ends
 
-    assert rest('stella sat. "ste') == ("lla", False)
-    assert rest('stella, sat. "ste') == ("lla", True)  # its clause ends after it
-    assert rest('stella, sat. "ste', n=2) == ("ll", False)
+    assert rest('stella sat. "ste') == ("lla sat", True)  # on to where its clause ends
+    assert rest('stella, sat. "ste') == ("lla", True)
+    assert rest('stella sat by the sea and the shore and the dunes and more. "ste', n=3)[1] is False
+    assert rest('stella sat, stella ran. "ste') == ("lla", False)  # two ways on: the shared word
     assert rest('stella stern. "ste') == ("", False)  # two completions
+    assert rest('ste, sat. "ste') == ("", True)  # whole already: its clause ends here
     assert rest('stella sat. "ste', n=0) == ("", False)
     assert rest('stella sat. "') == ("", False)  # not inside a word
     assert rest('stella sat. "den') == ("", False)  # the text never has it
-    assert word_rest(None, [1, 2, 3, 4, 5], 4) == ([], False)
+    assert text_rest(None, [1, 2, 3, 4, 5], 4) == ([], False)
+
+
+def test_chain_score_scores_a_chains_first_guess():
+    """`grammar.chain_score`: a chain's first guess is a hit when kept or when the token committed
+    in its place is the guess, else a miss; nothing without a guess."""
+    from exactspec.drafters.grammar import chain_score
+
+    assert chain_score([5, 6, 7], 2, 9) == (1, 0)
+    assert chain_score([5, 6, 7], 0, 9) == (0, 1)
+    assert chain_score([5], 0, 5) == (1, 0)  # a plain step's token that the chain guessed
+    assert chain_score([5], 0, 4) == (0, 1)
+    assert chain_score([], 0, 4) == (0, 0)
 
 
 def test_clause_cut_stops_a_passage_where_its_clause_ends():

@@ -2,6 +2,7 @@
 of any other drafter (which drafts the rounds where the grammar forces nothing)."""
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -11,30 +12,72 @@ from exactspec.drafters.ngram import space_folding
 from exactspec.sampling import SamplingConfig
 
 GRAMMAR = "grammar"  # the source of a round of grammar-forced drafts
-WORD_TAIL = 3  # tokens read back for the word being written (`word_rest`)
+WORD_TAIL = 3  # tokens read back for the word being written (`text_rest`)
+REST_CHARS = 48  # the most of the earlier text `text_rest` reads after a word's start
 LOOKAHEAD = 2  # tokens of the passage read past a continuation for where its clause ends
 CLAUSE_END = re.compile(r"[,.;!?](?=\s|$)")  # a copied value most often ends right before one
 
 
-def word_rest(tokenizer, tokens: list[int], n: int) -> tuple[list[int], bool]:
-    """The rest of the word the context ends inside, when the earlier context completes it one way
-    only, tokenized, at most n, and whether a clause ends right after it there; ([], False)
-    otherwise. A value copied into a JSON string can split its first word unlike the passage
-    (`"Val` + `encia` against ` Valencia`), where token lookup finds nothing; the text still does.
-    A point-mass guess like any lookup draft: exact whatever it is."""
+def text_rest(tokenizer, tokens: list[int], n: int) -> tuple[list[int], bool]:
+    """The text after the word the context ends inside, as the earlier context goes on after every
+    word that starts so: their common part in whole words (`_shared_words`), each read up to where
+    its clause ends (`_clause`), tokenized, at most n; and whether every one's clause ends right
+    there. ([], False) when the context does not end inside a word or the earlier text never
+    starts a word so. A value copied into a JSON string can split a word unlike the passage
+    (`"Val` + `encia` against ` Valencia`), where token lookup finds nothing; the text still does,
+    and where the word is whole already, its clause's end says where the value ends. A
+    point-mass guess like any lookup draft: exact whatever it is."""
     if tokenizer is None or len(tokens) <= WORD_TAIL:
         return [], False
     partial = re.search(r"\w+$", tokenizer.decode(tokens[-WORD_TAIL:]))
     if partial is None:
         return [], False
     before = tokenizer.decode(tokens[:-WORD_TAIL])
-    rests = {(found.group(1), CLAUSE_END.match(before, found.end()) is not None)
-             for found in re.finditer(rf"(?<!\w){re.escape(partial.group())}(\w+)", before)}
-    if len(rests) != 1:
+    rests = [_clause(before, found.end())
+             for found in re.finditer(rf"(?<!\w){re.escape(partial.group())}", before)]
+    if not rests:
         return [], False
-    rest, ends = rests.pop()
-    tokens = tokenizer.encode(rest, add_special_tokens=False)
+    common = _shared_words([text for text, _ in rests])
+    ends = all(text == common and end for text, end in rests)
+    tokens = tokenizer.encode(common, add_special_tokens=False) if common else []
     return tokens[:n], ends and len(tokens) <= n
+
+
+def _shared_words(texts: list[str]) -> str:
+    """The longest common start of the texts that ends where a word ends in every one of them
+    (the rest of the word being written counts as one), without trailing space."""
+    common = os.path.commonprefix(texts)
+    if any(re.match(r"\w", text[len(common):]) for text in texts):
+        common = re.sub(r"\w+$", "", common)
+    return common.rstrip()
+
+
+def _clause(text: str, start: int) -> tuple[str, bool]:
+    """text[start:] up to the first clause end (`CLAUSE_END`), line end or REST_CHARS, whichever
+    comes first, and whether it stopped at a clause end."""
+    stop = min(len(text), start + REST_CHARS)
+    line = text.find("\n", start, stop)
+    stop = stop if line < 0 else line
+    found = CLAUSE_END.search(text, start)
+    if found is not None and found.start() <= stop:
+        return text[start:found.start()], True
+    return text[start:stop], False
+
+
+def chain_score(guess: list[int], kept: int, token: int) -> tuple[int, int]:
+    """(hits, misses) of a point-mass chain's first guess against what its round committed there:
+    a hit when the round kept it, or when the token after no kept draft (the correction of a
+    rejected first draft, or the token of a plain step, by which a round at γ = 0 scores its
+    chain) is the guess; nothing without a guess. A point-mass draft x is kept with probability
+    p(x), as often as a committed token is x, so both count. Only the first: a lookup round fails
+    mostly there (a value's first token, a new match), and once that is kept the copy mostly goes
+    on; so α of first guesses prices a round's risk, and the geometric model then prices longer
+    blocks low rather than high, the safe side where a pass costs more the longer it is (on a
+    2-core CPU the 1.5B target's pass over 4 tokens costs two of one)."""
+    if not guess:
+        return 0, 0
+    hit = int(kept > 0 or guess[0] == token)
+    return hit, 1 - hit
 
 
 def clause_cut(tokenizer, tokens: list[int], n: int) -> tuple[list[int], bool]:
@@ -75,6 +118,8 @@ class GrammarDrafter:
         self.own = False  # whether this round's drafts are ours (forced, or the inner's cut)
         self.forced: list[list[int]] = []  # each row's forced tokens, for the round
         self.scored = True  # whether the last round's evidence counts (`evidence`)
+        self.guesses: list[list[int]] | None = None  # a lookup round's chains, scored at commit
+        self.scores: dict = {}  # the last lookup round's scores (`evidence`)
         self.lookup = inner if hasattr(inner, "match_length") else getattr(inner, "lookup", None)
         self.name = inner.name  # timings belong to the model draft; α is kept per source
         self._fold()  # rows joining a running batch: the lookup has started
@@ -129,7 +174,11 @@ class GrammarDrafter:
             self.own = False
             return proposal
         if self.lookup is not None:  # prompt lookup's round: its proposal, read by `_follow`
-            return self._point_mass([self._chain(b, [], gamma) for b in range(len(self.forced))])
+            rows = range(len(self.forced))
+            if self.source not in self.lookup.sources:
+                return self._point_mass([self._chain(b, [], gamma) for b in rows])
+            self.guesses = [self._chain(b, [], max(gamma, 1)) for b in rows]  # scored at γ = 0 too
+            return self._point_mass([guess[:gamma] for guess in self.guesses])
         drafts = proposal.tokens.tolist()
         lengths = proposal.lengths or [len(row) for row in drafts]
         starts = [row[: min(n, self.matchers.allowed_prefix(b, row[:n]))]
@@ -143,15 +192,15 @@ class GrammarDrafter:
 
     def _follow(self, index, drafts: list[int], n: int, forced: int) -> tuple[list[int], bool]:
         """Prompt lookup's next tokens after the drafts, at most n: the token lookup's
-        continuation, else the rest of a split word (`word_rest`); and whether the passage's
-        clause ends right after them, where the chain guesses that the value ends too. After
-        `forced` drafts of forced text the match must reach past them: a key and its `": "`
+        continuation, else the text after the word being written (`text_rest`); and whether the
+        passage's clause ends right after them, where the chain guesses that the value ends too.
+        After `forced` drafts of forced text the match must reach past them: a key and its `": "`
         are the same before every value, so a match of them alone proposes the wrong value."""
         tokenizer, min_n = self.matchers.tokenizer, max(self.lookup.min_ngram, forced + 1)
         more = index.continuation(drafts, n + LOOKAHEAD, min_n, self.lookup.rule)
         if more:
             return clause_cut(tokenizer, more, n) if tokenizer is not None else (more[:n], False)
-        return word_rest(tokenizer, index.tokens + drafts, n)
+        return text_rest(tokenizer, index.tokens + drafts, n)
 
     def _point_mass(self, rows: list[list[int]]) -> Proposal:
         """Drafts per row, padded to the longest by repeating a row's last (any deterministic
@@ -167,13 +216,21 @@ class GrammarDrafter:
         else:
             self.inner.commit(num_accepted, next_tokens)
         self.scored = self.source != GRAMMAR
-        self.source, self.own = None, False
+        if self.guesses is not None:
+            self.scores = {self.source: [chain_score(guess, kept, token) for guess, kept, token
+                                         in zip(self.guesses, num_accepted.tolist(),
+                                                next_tokens.tolist())]}
+        self.source, self.own, self.guesses = None, False, None
 
     def evidence(self) -> dict:
-        """The inner drafter's scores of itself (`NGramDrafter.evidence`), except after a grammar
-        round: where the grammar forces the tokens, lookup never drafts, so its hits and misses
-        there say nothing about the rounds it does draft."""
+        """Prompt lookup's scores of itself: with a lookup, those of the chains this drafter
+        proposed (`chain_score`), in its lookup rounds only (where the grammar forces the tokens,
+        or the model drafts, lookup does not); the inner's own (`NGramDrafter.evidence`) score a
+        bare lookup, which the chain outdoes, so they are dropped. Without one, the inner's
+        scores, except after a grammar round."""
         scores = self.inner.evidence() if hasattr(self.inner, "evidence") else {}  # drained
+        if self.lookup is not None:
+            scores, self.scores = self.scores, {}
         return scores if self.scored else {}
 
     def select(self, rows: torch.Tensor) -> None:
