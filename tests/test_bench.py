@@ -448,6 +448,19 @@ def test_bad_options_one_line_error(argv, message, capsys):
     assert __import__("re").search(message, err)
 
 
+def test_the_json_workload_gets_a_budget_its_replies_fit():
+    """Without --max-new-tokens a JSON reply may run to its own default budget (it ends at its
+    JSON's end; 32 tokens cut nearly every reply off); a given budget is kept."""
+    from exactspec.bench import config as bench, extraction
+    from exactspec.cli.bench import config_from_args
+    from exactspec.cli.main import build_parser
+
+    parse = lambda *argv: config_from_args(build_parser().parse_args(["bench", *argv]))
+    assert parse("--workload", "json:2").max_new_tokens == extraction.MAX_NEW_TOKENS
+    assert parse("--workload", "json:2", "--max-new-tokens", "40").max_new_tokens == 40
+    assert parse().max_new_tokens == bench.DEFAULT_MAX_NEW_TOKENS
+
+
 @pytest.mark.parametrize("content, message", [
     (None, r"--prompts .*missing.jsonl: cannot read the file"),
     ("", r"the file has no prompts"),

@@ -21,7 +21,7 @@ from exactspec.cli.common import (CliError, command, output_path, parse_float, p
 
 
 def register(subparsers) -> None:
-    from exactspec.bench import config as bench
+    from exactspec.bench import config as bench, extraction
     from exactspec.bench.humaneval import DEFAULT_PROBLEMS
 
     p = command(subparsers, "bench", "benchmark speculative vs plain decoding and Transformers' generation",
@@ -41,8 +41,10 @@ def register(subparsers) -> None:
     p.add_argument("--prompts", metavar="FILE",
                    help='JSONL file of {"prompt": ..., "kind": ..., "name": ...} lines '
                         "(default: a built-in set of open and grounded prompts)")
-    p.add_argument("--max-new-tokens", default=str(bench.DEFAULT_MAX_NEW_TOKENS),
-                   help="tokens generated per prompt, EOS disabled (default: %(default)s)")
+    p.add_argument("--max-new-tokens", default=None,
+                   help=f"tokens generated per prompt, EOS disabled (default: "
+                        f"{bench.DEFAULT_MAX_NEW_TOKENS}; --workload json: at most "
+                        f"{extraction.MAX_NEW_TOKENS}, each reply ending with its JSON)")
     p.add_argument("--temperature", nargs="+",
                    default=[f"{t:g}" for t in bench.DEFAULT_TEMPERATURES], metavar="T",
                    help="temperatures, 0 = greedy (default: "
@@ -141,6 +143,16 @@ def _workload(text: str) -> tuple[list, str]:
     return workload_prompts(f"{kind}:{n}"), f"{kind}:{n}"
 
 
+def _budget(given: str | None, constrained: bool) -> str:
+    """--max-new-tokens as given, else the default: a JSON reply's own, long enough for the
+    longest reply its schema allows but a number that never ends (a cut-off reply is not JSON)."""
+    from exactspec.bench import config as bench, extraction
+
+    if given is not None:
+        return given
+    return str(extraction.MAX_NEW_TOKENS if constrained else bench.DEFAULT_MAX_NEW_TOKENS)
+
+
 def config_from_args(args):
     from exactspec.bench import config as bench
 
@@ -188,7 +200,7 @@ def config_from_args(args):
     config = bench.BenchConfig(
         **chosen, temperatures=temperatures, prompts=prompts, prompts_source=source,
         workload=source if workload is not None else None,
-        max_new_tokens=parse_int("--max-new-tokens", args.max_new_tokens, 1),
+        max_new_tokens=parse_int("--max-new-tokens", _budget(args.max_new_tokens, constrained), 1),
         repeats=parse_int("--repeats", args.repeats, 1), warmup=parse_int("--warmup", args.warmup, 0),
         peers=peers, seed=parse_int("--seed", args.seed, 0),
         seeds=parse_int("--seeds", args.seeds, 1),
