@@ -511,7 +511,7 @@ def test_grammar_rounds_do_not_score_the_lookup():
 def test_lookup_rounds_score_the_chain_they_propose_even_at_gamma_0():
     """In a lookup round the grammar drafter scores the chain it proposes (`chain_score`), not
     the bare lookup: a round at γ = 0 drafts nothing but scores its chain's first guess against
-    the plain step's token; a round that drafts scores its drafts."""
+    the plain step's token; a round that drafts scores its first draft."""
     from exactspec.drafters.grammar import GrammarDrafter
 
     matchers = RowMatchers(TOKENIZER, V, {EOS})
@@ -569,6 +569,7 @@ def test_text_rest_goes_on_as_the_earlier_text_does_where_it_says_how():
 
     assert rest('stella sat. "ste') == ("lla sat", True)  # on to where its clause ends
     assert rest('stella, sat. "ste') == ("lla", True)
+    assert rest('stella, sat. "ste', n=2) == ("ll", False)
     assert rest('stella sat by the sea and the shore and the dunes and more. "ste', n=3)[1] is False
     assert rest('stella sat, stella ran. "ste') == ("lla", False)  # two ways on: the shared word
     assert rest('stella stern. "ste') == ("", False)  # two completions

@@ -144,8 +144,8 @@ def _workload(text: str) -> tuple[list, str]:
 
 
 def _budget(given: str | None, constrained: bool) -> str:
-    """--max-new-tokens as given, else the default: a JSON reply's own, long enough for the
-    longest reply its schema allows but a number that never ends (a cut-off reply is not JSON)."""
+    """--max-new-tokens as given, else the default: for the json workload its own
+    (`extraction.MAX_NEW_TOKENS`: a reply ends at its JSON's end, and one cut off is not JSON)."""
     from exactspec.bench import config as bench, extraction
 
     if given is not None:
