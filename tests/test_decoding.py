@@ -324,6 +324,27 @@ def test_nan_logits_name_the_model_and_position(tiny_pair):
         es.speculative_generate(target, draft, ids(PROMPTS[0]), gamma=2, max_new_tokens=3)
 
 
+def test_finite_checks_pass_what_may_pass_and_name_what_may_not():
+    """`check_finite`'s one-sum fast path lets through only logits the full checks pass: -inf
+    for some tokens and finite logits whose sum overflows are fine; NaN, +inf, or -inf for
+    every token of a valid slot raise, at a padded slot they do not."""
+    from exactspec.cache import check_finite
+
+    valid, positions = torch.tensor([[True, False]]), torch.tensor([[7, 8]])
+    fine = torch.zeros(1, 2, 4)
+    fine[0, 0, 1] = float("-inf")
+    fine[0, 1] = float("nan")  # the padded slot
+    check_finite(fine, valid, positions, "m")
+    check_finite(torch.full((1, 2, 4), 3e38), valid, positions, "m")  # sum: +inf, each finite
+    for bad, what in ((float("nan"), "NaN or \\+inf"), (float("inf"), "NaN or \\+inf")):
+        logits = torch.zeros(1, 2, 4)
+        logits[0, 0, 2] = bad
+        with pytest.raises(ValueError, match=f"model 'm' produced {what} logits at position 7"):
+            check_finite(logits, valid, positions, "m")
+    with pytest.raises(ValueError, match="-inf logits for every token at position 7"):
+        check_finite(torch.full((1, 2, 4), float("-inf")), valid, positions, "m")
+
+
 def test_plain_decoding_makes_one_pass_per_token(tiny_pair):
     """The prefill's logits give the first token: n tokens cost n target passes, like
     Transformers' generate()."""

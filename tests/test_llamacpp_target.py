@@ -9,6 +9,7 @@ backend, rows that join, leave and outgrow the context.
 from __future__ import annotations
 
 import sys
+import weakref
 
 import pytest
 import torch
@@ -50,7 +51,7 @@ def prompts(target):
 
 def llama_joint(target, prompt: list[int], length: int, sampling: SamplingConfig) -> dict:
     """Exact P(first `length` tokens) under the llama.cpp target's decoding distribution, by
-    enumeration in float64: each prefix prefilled alone in a fresh context."""
+    enumeration in float64: each prefix prefilled alone in an empty context."""
     joint = {(): 1.0}
     for _ in range(length):
         level = {}
@@ -174,12 +175,37 @@ def test_the_context_grows_and_rejected_drafts_leave_their_rows(target, prompts,
                         lambda rows, n_ctx: (sizes.append((rows.name, n_ctx)), made(rows, n_ctx))[1])
     ids, mask = batch((prompts * 3)[:SMALL_BATCH])
     settings = dict(max_new_tokens=40, temperature=0, seed=5, eos_token_id=[])
+    monkeypatch.setattr(runtime, "IDLE", weakref.WeakKeyDictionary())  # no context left earlier
     plain = autoregressive_generate(target, ids, attention_mask=mask, **settings)
+    monkeypatch.setattr(runtime, "IDLE", weakref.WeakKeyDictionary())  # nor the plain one's (512)
     out = speculative_generate(target, HotDraft(runtime_path(target)), ids, attention_mask=mask,
                                gamma=4, verify="coupled", **settings)
     assert as_lists(out.sequences) == as_lists(plain.sequences)
     assert out.stats.accepted_drafts < out.stats.drafted_tokens  # some drafts were rolled back
     assert sizes.count((target.name, 512)) == 2  # the target's context grew, in both generations
+
+
+def test_a_generation_takes_the_context_an_earlier_one_left(target, prompts, monkeypatch):
+    """Making a context costs a pass or more, so a generation's target and llama.cpp draft take
+    the contexts earlier ones left, KV cache emptied and counters zeroed: the same tokens and the
+    same counts as from new contexts. Users alive at once each have their own."""
+    made, new = [], runtime.Sequences.new_context
+    monkeypatch.setattr(runtime.Sequences, "new_context",
+                        lambda rows, n_ctx: (made.append(n_ctx), new(rows, n_ctx))[1])
+    monkeypatch.setattr(runtime, "IDLE", weakref.WeakKeyDictionary())
+    ids, mask = batch(prompts[:2])
+    settings = dict(attention_mask=mask, max_new_tokens=6, temperature=0, eos_token_id=[])
+    runs = [autoregressive_generate(target, ids, **settings) for _ in range(3)]
+    assert made == [runtime.FIRST_CONTEXT]
+    assert all(as_lists(run.sequences) == as_lists(runs[0].sequences) for run in runs)
+    assert [(run.stats.target_calls, run.stats.target_tokens_fed) for run in runs] == \
+        [(6, sum(map(len, prompts[:2])) + 2 * 5)] * 3
+    drafted = [speculative_generate(target, "llamacpp", ids, gamma=3, **settings) for _ in range(3)]
+    assert len(made) == 2  # the draft's, the first time
+    assert all(as_lists(run.sequences) == as_lists(drafted[0].sequences) for run in drafted)
+    assert len({(run.stats.target_calls, run.stats.drafted_tokens) for run in drafted}) == 1
+    alive = [LlamaCppTarget(target.model, target.name, target.vocab_size) for _ in range(3)]
+    assert len({id(user.rows) for user in alive}) == 3 and len(made) == 3
 
 
 def test_the_target_facts_come_from_the_gguf(target):

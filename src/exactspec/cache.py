@@ -17,6 +17,8 @@ show that nothing is recomputed after the prefill.
 """
 from __future__ import annotations
 
+import math
+
 import contextlib
 import inspect
 
@@ -198,6 +200,8 @@ class CachedModel:
 def check_finite(logits: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, name: str) -> None:
     """No silent NaN (the no-floors rule): NaN or +inf logits[B, n, V], or -inf everywhere (no
     token possible), at a valid[B, n] slot raise an error naming the model and the position."""
+    if math.isfinite(float(logits.sum())):  # no NaN and no ±inf anywhere: the common case, in
+        return  # one vectorized sum (a fiftieth of the checks below at V = 151,936)
     nan = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) & valid  # [B, n]
     empty = torch.isneginf(logits).all(dim=-1) & valid  # [B, n]
     for bad, what in ((nan, "NaN or +inf logits"), (empty, "-inf logits for every token")):

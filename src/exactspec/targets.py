@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from exactspec.cache import CachedModel, check_finite
-from exactspec.models.llamacpp import Sequences, torch_on_one_thread, usable_cores
+from exactspec.models.llamacpp import take_rows, torch_on_one_thread, usable_cores
 
 
 def make_target(model, name: str, vocab_size: int, batch_size: int):
@@ -43,7 +43,8 @@ class LlamaCppTarget:
     """A GGUF target run by llama.cpp: each row a sequence of one context (`Sequences`), so
     rows are ragged without holes and a row forgets its rejected drafts alone. A round's pass
     asks llama.cpp for the logits after every fed token. The context grows by doubling, each
-    row's cache moved over as it is.
+    row's cache moved over as it is, and goes back to the model for the next generation when
+    the target is freed (`exactspec.models.llamacpp.take_rows`).
 
     Its decodes run on every core this process may use or on one, whichever the model's
     `ThreadChoice` finds faster now (`Sequences`); torch runs on one thread during the
@@ -56,8 +57,7 @@ class LlamaCppTarget:
     def __init__(self, model, name: str, vocab_size: int):
         self.model, self.name, self.vocab_size = model, name, vocab_size
         self.device = torch.device("cpu")
-        self.rows = Sequences(model.llama, name, usable_cores(), vocab_size, model.threads)
-        self.rows.clear()
+        self.rows = take_rows(model.llama, self, name, usable_cores(), vocab_size, model.threads)
 
     calls = property(lambda self: self.rows.calls)
     tokens_fed = property(lambda self: self.rows.tokens_fed)

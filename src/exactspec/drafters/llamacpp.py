@@ -17,7 +17,7 @@ import torch
 from exactspec.drafters.base import Proposal, lag
 from exactspec.models import check_length, input_device, unwrap_model
 from exactspec.models.llamacpp import (
-    Sequences, import_llama_cpp, load_gguf, token_list, torch_on_one_thread, usable_cores,
+    import_llama_cpp, load_gguf, take_rows, token_list, torch_on_one_thread, usable_cores,
 )
 from exactspec.sampling import SamplingConfig, sample
 from exactspec.threads import ThreadChoice
@@ -80,8 +80,8 @@ class LlamaCppDrafter:
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         if self.rows is None or self.rows.vocab_size != vocab_size:
-            self.rows = Sequences(self.model, f"draft {self.name}", self.n_threads, vocab_size,
-                                  self.threads)
+            self.rows = take_rows(self.model, self, f"draft {self.name}", self.n_threads, vocab_size,
+                                  self.threads)  # a context another draft of this file left, or new
         self.rows.clear()  # a generation after the first reuses the context, its KV cache emptied
         self.pending = []
         self.join(input_ids, valid)

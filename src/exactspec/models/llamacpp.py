@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import threading
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
@@ -88,12 +89,38 @@ def end_tokens(path: str) -> list[int]:
     return [i for i in range(llama.llama_vocab_n_tokens(vocab)) if llama.llama_vocab_is_eog(vocab, i)]
 
 
+# A GGUF's llama.cpp model -> the rows (contexts) its finished users left, to be taken again.
+IDLE: "weakref.WeakKeyDictionary[object, list[Sequences]]" = weakref.WeakKeyDictionary()
+_TAKING = threading.Lock()  # users in two threads take two contexts
+
+
+def take_rows(model, owner, name: str, n_threads: int, vocab_size: int, choice=None) -> "Sequences":
+    """Empty rows of llama.cpp's `model` for `owner` (a generation's target, a draft): a context
+    an earlier owner left, its KV cache emptied and its counters zeroed, or a new one; it goes
+    back to IDLE when `owner` is freed. Making a context costs a pass or more (the 1.5B's: 0.14 s
+    alone, 1.5-3 s beside llama-cpp-python's own context; the bundled model's 0.09 s, a dozen
+    draft tokens), so a generation does not pay for one."""
+    with _TAKING:
+        idle = IDLE.setdefault(model, [])
+        rows = next((r for r in idle if r.vocab_size == vocab_size), None)
+        if rows is not None:
+            idle.remove(rows)
+    if rows is None:
+        rows = Sequences(model, name, n_threads, vocab_size, choice)
+    rows.name, rows.n_threads, rows.choice, rows.calls, rows.tokens_fed = name, n_threads, choice, 0, 0
+    rows.clear()
+    rows.set_threads(n_threads)
+    weakref.finalize(owner, idle.append, rows)
+    return rows
+
+
 class LlamaCppModel:
     """A GGUF file loaded by llama.cpp to be a target (`load_model(..., backend="llamacpp")`).
 
     It holds the file and the facts `exactspec.models.loaded` reads from a model's config: its
     training context, its vocabulary size and the ids llama.cpp ends a generation on. Each
-    generation runs it in its own context (`exactspec.targets.LlamaCppTarget`)."""
+    generation runs it in a context of its own (`exactspec.targets.LlamaCppTarget`), one an
+    earlier generation left where there is one (`take_rows`)."""
 
     backend = "llamacpp"
 
