@@ -7,6 +7,7 @@ ragged batches, with rows joining mid-batch and when its context must grow. Book
 every round llama.cpp's sequences hold exactly the committed tokens.
 """
 import sys
+import weakref
 
 import pytest
 import torch
@@ -183,6 +184,7 @@ def test_context_grows_when_the_rows_need_more(target, prompts, monkeypatch):
     """12 rows of up to 10 + 20 tokens overflow a first context of 256 cells: a context twice the
     size replaces it and every row is fed again; greedy output is unchanged."""
     monkeypatch.setattr(runtime, "FIRST_CONTEXT", 256)
+    monkeypatch.setattr(runtime, "IDLE", weakref.WeakKeyDictionary())  # no larger context to take
     drafter = drafter_for(target)
     ids, mask = batch(prompts * 4)
     out = speculative_generate(target, drafter, ids, attention_mask=mask, gamma=4,
