@@ -17,10 +17,9 @@ show that nothing is recomputed after the prefill.
 """
 from __future__ import annotations
 
-import math
-
 import contextlib
 import inspect
+import math
 
 import torch
 from transformers import DynamicCache
