@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
+import textwrap
 
 import pytest
 import torch
 
 from exactspec.bench import humaneval
 from exactspec.bench.config import BenchConfig, RunSpec, plan
-from exactspec.bench.llama_peers import sampling_fields, server_arguments
+from exactspec.bench.llama_peers import LlamaPeers, remembers, sampling_fields, server_arguments
 from exactspec.controller import GammaController
 from exactspec.models import packaged
 from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET, PackagedModel, PackagedModelMissing
@@ -215,6 +217,49 @@ def test_llama_peer_configurations():
     fields = sampling_fields(0.8, None, None)
     assert fields["temperature"] == 0.8 and fields["top_k"] == 0 and fields["top_p"] == 1.0
     assert fields["min_p"] == 0.0 and fields["repeat_penalty"] == 1.0
+
+
+# A stand-in llama-server: /health, and /completion streaming one chunk whose tokens say what the
+# server saw before the request (the lengths of the earlier prompts), as llama-server's ngram-mod
+# table would remember them.
+FAKE_SERVER = """\
+import http.server, json, sys
+seen = []
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        chunk = {"tokens": list(seen), "stop": True, "timings": {"predicted_ms": 1.0}}
+        seen.append(len(body["prompt"]))
+        self.send_response(200); self.end_headers()
+        self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\\n")
+port = int(sys.argv[sys.argv.index("--port") + 1])
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_a_server_that_remembers_requests_is_fresh_for_each(tmp_path):
+    """llama-server's ngram-mod drafts from every earlier request's text, so each of its
+    requests meets a new server, warmed by one prompt too short to be remembered; a plain
+    server is started once."""
+    binary = tmp_path / "llama-server"
+    binary.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE_SERVER))
+    binary.chmod(0o755)
+    peers = LlamaPeers(tmp_path / "t.gguf", {}, 1, None, None, binary)
+    prompt = torch.arange(40).view(1, 40)
+    try:
+        plain = [peers.run(RunSpec("llama_server", 0.0), prompt, 0, 4).tokens for _ in range(2)]
+        ngram = [peers.run(RunSpec("llama_server", 0.0, "ngram-mod"), prompt, 0, 4).tokens
+                 for _ in range(2)]
+    finally:
+        peers.close()
+    assert plain == [[], [40]]
+    assert ngram == [[8], [8]]  # only its warm-up, under ngram-mod's 24-token match
+    assert remembers("ngram-mod") and remembers("llamacpp:d+ngram-mod")
+    assert not remembers(None) and not remembers("llamacpp:d")
 
 
 def test_hf_gammas_replace_the_integer_gammas_for_transformers():

@@ -9,6 +9,15 @@
   speculation (``--spec-type``) drafts greedily and accepts while the target's sample equals the
   draft (`common_sampler_sample_and_accept_n`): exact at every temperature.
 
+llama-server's ``ngram-mod`` keeps one n-gram table for the server's whole life (made once in
+`server-context.cpp`, shared by every slot and request, filled from each prompt and each reply),
+so a request drafts from the replies to earlier ones: in a benchmark that sends the same prompt
+at T = 0 and T = 0.8, and again in each pass, it replays text it has seen (an acceptance of
+1.000 at T = 0 on four problems). exactspec's lookup sees only the row's own prompt and reply,
+so a configuration with that memory (`remembers`) gets a fresh server for every request: what it
+measures is a prompt seen for the first time. Starting one is not timed; a one-token request on a
+prompt shorter than ngram-mod's match length (which adds nothing to the table) warms it first.
+
 A server configuration is a `RunSpec` with method "llama_server": draft None (plain), a
 llama.cpp draft spec ("llamacpp:NAME_OR_PATH", ``--spec-type draft-simple`` with
 ``--spec-draft-n-max γ``), "ngram-mod" (``--spec-type ngram-mod``, llama.cpp's own lengths), or
@@ -35,6 +44,8 @@ SERVER_ENV = "EXACTSPEC_LLAMA_SERVER"
 SERVER_HINT = ("llama.cpp's llama-server is not built: run `make peers` (about 10 min on 2 cores), "
                f"or set {SERVER_ENV} to its path; the bench runs the other methods without it")
 SERVER_CONTEXT = 4096
+MEMORY_TYPES = (NGRAM_MOD,)  # speculation types whose state outlives a request (module docstring)
+WARM_PROMPT_TOKENS = 8  # a fresh server's warm-up prompt: under ngram-mod's match length (24)
 _START_TIMEOUT = 600.0  # seconds for a server to load its models
 
 
@@ -66,6 +77,11 @@ def server_arguments(draft: str | None, gamma: int | None, draft_gguf: Path | No
             types.append("draft-simple")
             args += ["-md", str(draft_gguf), "--spec-draft-n-max", str(gamma)]
     return ["--spec-type", ",".join(types), *args]
+
+
+def remembers(draft: str | None) -> bool:
+    """Whether a server configuration drafts from what earlier requests saw (`MEMORY_TYPES`)."""
+    return any(part in MEMORY_TYPES for part in (draft or "").split("+"))
 
 
 def sampling_fields(temperature: float, top_k: int | None, top_p: float | None) -> dict:
@@ -160,7 +176,10 @@ class LlamaPeers:
         if spec.method == "llamacpp":
             tokens, wall, first = self._plain(prompt, max_new_tokens, seed, sampling)
             return RunResult(tokens, wall, first, first_tokens=1)
-        tokens, wall, first, timings = self._server(spec).complete(prompt, max_new_tokens, seed, sampling)
+        server = self._server(spec, prompt)
+        tokens, wall, first, timings = server.complete(prompt, max_new_tokens, seed, sampling)
+        if remembers(spec.draft):  # the next request meets a server that has seen nothing
+            self.servers.pop((spec.draft, spec.gamma)).stop()
         stats = {"drafted_tokens": timings.get("draft_n", 0),
                  "accepted_drafts": timings.get("draft_n_accepted", 0),
                  "decode_seconds": timings.get("predicted_ms", 0) / 1e3,
@@ -187,15 +206,18 @@ class LlamaPeers:
                 break
         return tokens, time.perf_counter() - start, first
 
-    def _server(self, spec) -> LlamaServer:
+    def _server(self, spec, prompt: list[int]) -> LlamaServer:
         key = (spec.draft, spec.gamma)
         if key not in self.servers:
             if self.server is None:
                 raise RuntimeError(SERVER_HINT)
             model_draft = next((self.draft_ggufs[d] for d in (spec.draft or "").split("+")
                                 if d in self.draft_ggufs), None)
-            self.servers[key] = LlamaServer(self.server, self.target_gguf, self.threads,
-                                            server_arguments(spec.draft, spec.gamma, model_draft))
+            server = LlamaServer(self.server, self.target_gguf, self.threads,
+                                 server_arguments(spec.draft, spec.gamma, model_draft))
+            self.servers[key] = server
+            if remembers(spec.draft):
+                server.complete(prompt[:WARM_PROMPT_TOKENS], 1, 0, sampling_fields(0.0, None, None))
         return self.servers[key]
 
     def close(self) -> None:
