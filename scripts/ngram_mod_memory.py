@@ -11,7 +11,8 @@ from exactspec.bench.llama_peers import (WARM_PROMPT_TOKENS, LlamaServer, find_l
 from exactspec.models import load_model, packaged
 from exactspec.models.vocab import encode_prompt
 
-n, new_tokens, threads = (int(a) for a in (sys.argv[1:] + ["10", "128", "2"][len(sys.argv) - 1:]))
+given = [int(a) for a in sys.argv[1:]]
+n, new_tokens, threads = given + [10, 128, 2][len(given):]
 target = load_model(f"llamacpp:{packaged.PAIR_TARGET}")
 prompts = [encode_prompt(target, p.text, reply_start=p.reply_start)[0].tolist()
            for p in humaneval.workload_prompts(f"humaneval:{n}")]
