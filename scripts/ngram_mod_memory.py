@@ -6,8 +6,7 @@ import statistics
 import sys
 
 from exactspec.bench import humaneval
-from exactspec.bench.llama_peers import (WARM_PROMPT_TOKENS, LlamaServer, find_llama_server,
-                                         sampling_fields, server_arguments)
+from exactspec.bench.llama_peers import LlamaServer, find_llama_server, sampling_fields, server_arguments
 from exactspec.models import load_model, packaged
 from exactspec.models.vocab import encode_prompt
 
@@ -19,8 +18,8 @@ prompts = [encode_prompt(target, p.text, reply_start=p.reply_start)[0].tolist()
 greedy = sampling_fields(0.0, None, None)
 
 
-def send(server, prompt, tokens=new_tokens):
-    timings = server.complete(prompt, tokens, 0, greedy)[3]
+def send(server, prompt):
+    timings = server.complete(prompt, new_tokens, 0, greedy)[3]
     return timings["predicted_per_second"], timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
 
 
@@ -32,7 +31,7 @@ def show(name, runs):
 for name, passes in (("plain", 1), ("ngram-mod", 2)):
     server = LlamaServer(find_llama_server(), target.model.path, threads,
                          server_arguments(None if name == "plain" else name, None, None))
-    send(server, prompts[0][:WARM_PROMPT_TOKENS], 1)
+    server.warm(prompts[0])
     for k in range(passes):
         show(f"{name}, pass {k + 1}", [send(server, p) for p in prompts])
     server.stop()

@@ -153,6 +153,11 @@ class LlamaServer:
                 break
         return tokens, time.perf_counter() - start, first, timings
 
+    def warm(self, prompt: list[int]) -> None:
+        """One greedy token after the first WARM_PROMPT_TOKENS of prompt: a prompt shorter than
+        ngram-mod's match length, so a server that remembers requests learns nothing from it."""
+        self.complete(prompt[:WARM_PROMPT_TOKENS], 1, 0, sampling_fields(0.0, None, None))
+
     def stop(self) -> None:
         self.process.stop()
 
@@ -218,7 +223,7 @@ class LlamaPeers:
                                  server_arguments(spec.draft, spec.gamma, model_draft))
             self.servers[key] = server
             if remembers(spec.draft):
-                server.complete(prompt[:WARM_PROMPT_TOKENS], 1, 0, sampling_fields(0.0, None, None))
+                server.warm(prompt)
         return self.servers[key]
 
     def close(self) -> None:
