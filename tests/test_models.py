@@ -12,7 +12,7 @@ import torch
 
 from conftest import make_tiny_llama, make_tiny_tokenizer
 from exactspec import models
-from exactspec.models import loading
+from exactspec.models import conversion, loading
 from exactspec.models import (
     BUNDLED_MODEL,
     BundledModelMissing,
@@ -183,7 +183,7 @@ def test_load_local_folder_without_tokenizer(tmp_path):
 # --- the GGUF conversion cache (conversion replaced by a tiny model) ----------------------------
 
 class FakeConversion:
-    """Stands in for models._convert_gguf: writes a tiny model, counts calls, can crash midway."""
+    """Stands in for conversion.convert_gguf: writes a tiny model, counts calls, can crash midway."""
 
     def __init__(self, crash=False):
         self.calls = 0
@@ -204,7 +204,7 @@ def cache_entries():
 
 def test_gguf_conversion_is_cached_once_for_all_dtypes(tmp_path, monkeypatch):
     fake = FakeConversion()
-    monkeypatch.setattr(loading, "_convert_gguf", fake)
+    monkeypatch.setattr(conversion, "convert_gguf", fake)
     gguf = tmp_path / "Tiny.Q4.gguf"
     gguf.write_bytes(b"GGUF fake")
 
@@ -220,7 +220,7 @@ def test_gguf_conversion_is_cached_once_for_all_dtypes(tmp_path, monkeypatch):
 
 def test_bundled_model_uses_cache_keyed_by_package_version(tmp_path, monkeypatch):
     fake = FakeConversion()
-    monkeypatch.setattr(loading, "_convert_gguf", fake)
+    monkeypatch.setattr(conversion, "convert_gguf", fake)
     gguf = tmp_path / "bundled.gguf"
     gguf.write_bytes(b"GGUF fake")
     monkeypatch.setattr(loading, "bundled_gguf_path", lambda: (gguf, "9.9.9"))
@@ -234,7 +234,7 @@ def test_bundled_model_uses_cache_keyed_by_package_version(tmp_path, monkeypatch
 
 
 def test_crashed_conversion_leaves_no_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(loading, "_convert_gguf", FakeConversion(crash=True))
+    monkeypatch.setattr(conversion, "convert_gguf", FakeConversion(crash=True))
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF fake")
     with pytest.raises(RuntimeError, match="conversion crashed"):
@@ -242,7 +242,7 @@ def test_crashed_conversion_leaves_no_cache(tmp_path, monkeypatch):
     assert cache_entries() == []  # neither a half-written entry nor its temporary folder
 
     fixed = FakeConversion()
-    monkeypatch.setattr(loading, "_convert_gguf", fixed)
+    monkeypatch.setattr(conversion, "convert_gguf", fixed)
     load_model(gguf, device="cpu")
     assert fixed.calls == 1 and len(cache_entries()) == 1
 
@@ -251,7 +251,7 @@ def test_unwritable_cache(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("EXACTSPEC_CACHE", str(blocker))
-    monkeypatch.setattr(loading, "_convert_gguf", FakeConversion())
+    monkeypatch.setattr(conversion, "convert_gguf", FakeConversion())
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF fake")
     with pytest.raises(OSError, match=r"cannot write the model cache at .*set EXACTSPEC_CACHE to a writable folder"):

