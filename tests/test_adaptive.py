@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import exactspec as es
-from exactspec.controller import _MEMORY as memory_table
 from exactspec.controller import _MARGIN, _PLAIN_SAMPLES, MAX_GAMMA, START_GAMMA, GammaController
 from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter
+from exactspec.models.loaded import Memory, memory_of
 from conftest import ALPHA, chi_square_pvalue
 from test_decoding import NGRAM_PROMPT, PROMPTS, hf_greedy, ids, target_joint
 
@@ -378,38 +378,26 @@ def test_an_overpriced_round_re_times_a_plain_step():
     assert not controller.plain_timed() and controller.choose("model") == 0
 
 
-class Model:
-    """A stand-in for a target model: the controller's memory holds it weakly."""
-
-
-def test_a_new_model_in_a_freed_ones_place_remembers_nothing():
-    """Timings belong to the model object, not to its id(): after a model is freed, a new one
-    that gets the same id (CPython reuses the address at once) starts with no timings, α or
-    probe schedule of the old one's."""
-    import gc
-
-    old = Model()
-    controller = GammaController.shared(old, "model")
-    plain_steps(controller, 0.040)
-    controller.observe("model", 4, torch.tensor([4]), 5, 0.001, 0.050)
-    address, remembered = id(old), len(memory_table)
-    del old, controller
-    gc.collect()
-    assert len(memory_table) == remembered - 1  # the freed model's timings went with it
-    made, new = [], None
-    while new is None and len(made) < 100_000:  # kept alive: one of them takes the address
-        made.append(Model())
-        new = made[-1] if id(made[-1]) == address else None
-    assert new is not None, "CPython gave no new object the freed model's address"
-    fresh = GammaController.shared(new, "model")
+def test_timings_belong_to_the_loaded_model_and_a_bare_model_starts_afresh(tiny_loaded_pair):
+    """What a generation learns is kept in the target's `Memory` (held by its LoadedModel): the
+    pass timings, the drafter's costs and, on the CPU, the faster products of both models. Two
+    loaded models remember apart; a model passed bare gets a fresh memory each time."""
+    target, draft = tiny_loaded_pair
+    es.speculative_generate(target, draft, ids(PROMPTS[0]), gamma="auto", max_new_tokens=12, seed=0)
+    assert target.memory.passes and set(target.memory.drafters) == {"tiny-draft"}
+    assert draft.memory.passes == {} and draft.memory.drafters == {}  # a draft's: no γ timings
+    assert target.memory.runner is not None and draft.memory.runner is not None
+    assert target.memory.shapes and draft.memory.shapes
+    assert memory_of(target) is target.memory and memory_of(target.model) is not memory_of(target.model)
+    fresh = GammaController.shared(Memory(), "tiny-draft")
     assert fresh.target_by_rows == {} and fresh.draft_by_rows == {} and fresh.past == {}
 
 
 def test_a_source_that_scores_itself_is_not_probed_in_a_later_generation_either():
-    """Which sources score themselves is kept for the process, like the timings: a later
+    """Which sources score themselves is kept in the memory, like the timings: a later
     generation's first rounds, before its first scores, do not probe prompt lookup (each such
     probe was a failed block at the start of a generation; a source not scored still is)."""
-    key = Model()
+    key = Memory()
     first = GammaController.shared(key, "lookup")
     plain_steps(first, 0.040)
     for _ in range(20):
@@ -423,8 +411,8 @@ def test_a_source_that_scores_itself_is_not_probed_in_a_later_generation_either(
 
 def test_plain_steps_count_towards_a_probe_across_generations():
     """Generations shorter than the probe schedule still probe: the plain steps since the last
-    probe are kept for the process, like the timings (here 4 split 2 + 2 over two generations)."""
-    key = Model()
+    probe are kept in the memory, like the timings (here 4 split 2 + 2 over two generations)."""
+    key = Memory()
     choices = []
     for _ in range(2):
         controller = GammaController.shared(key, "test")

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from conftest import make_tiny_llama
 from exactspec.cache import CachedModel
 from exactspec.kernels import (COLUMNS, MAX_ROWS, RECHECK_EVERY, ROWS, TRIALS, FasterLinear, _Shape,
-                               columns_product, faster_linear)
+                               columns_product, faster_model, faster_products)
+from exactspec.models.loaded import Memory
 from exactspec.threads import size_class
 
 
@@ -47,22 +48,29 @@ def tiny_model():
     return model
 
 
-def test_a_pass_inside_the_context_computes_what_it_computes_outside():
+def linears(model):
+    return [m for m in model.modules() if type(m) is torch.nn.Linear]
+
+
+def test_the_faster_model_computes_what_the_model_computes_and_changes_nothing_in_it():
     model, shapes = tiny_model(), {}
+    before = {name: module for name, module in model.named_modules()}
     ids = torch.tensor([[3, 7, 1, 4]])  # [1, 4]
     with torch.inference_mode():
         plain = model(ids).logits  # [1, 4, V]
-        with FasterLinear(model, shapes) as faster:
-            for _ in range(2 * TRIALS):  # both products run
-                torch.testing.assert_close(model(ids).logits, plain, rtol=1e-5, atol=1e-5)
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    assert len(faster.layers) == len(linears) > 0
-    assert all("forward" not in m.__dict__ for m in linears)  # the model is as it was
+        faster = faster_model(model, shapes)
+        for _ in range(2 * TRIALS):  # both products run
+            torch.testing.assert_close(faster(ids).logits, plain, rtol=1e-5, atol=1e-5)
+    wrapped = [m for m in faster.modules() if isinstance(m, FasterLinear)]
+    assert len(wrapped) == len(linears(model)) > 0
+    assert dict(model.named_modules()) == before  # the model is as it was
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert {id(p) for p in faster.parameters()} == {id(p) for p in model.parameters()}  # shared
     classes = {key[3] for key in shapes}
     assert classes == {size_class(4)} and all(s.best is not None for s in shapes.values())
 
 
-def test_the_context_leaves_long_inputs_subclasses_hooks_and_errors_as_they_were():
+def test_long_inputs_subclasses_hooked_layers_and_errors_stay_as_they_were():
     class Scaled(torch.nn.Linear):
         pass
 
@@ -70,24 +78,25 @@ def test_the_context_leaves_long_inputs_subclasses_hooks_and_errors_as_they_were
     hooked.forward = hooked_forward = lambda x: x  # as accelerate's hooks set it
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), Scaled(3, 2), hooked)
     shapes = {}
-    with torch.inference_mode(), FasterLinear(model, shapes):
-        model(torch.randn(MAX_ROWS + 1, 4))  # prefill-sized: torch's own product, untimed
+    faster = faster_model(model, shapes)
+    assert faster[1] is model[1] and faster[2] is model[2] and isinstance(faster[0], FasterLinear)
+    with torch.inference_mode():
+        faster(torch.randn(MAX_ROWS + 1, 4))  # prefill-sized: torch's own product, untimed
         assert shapes == {}
-        model(torch.randn(2, 4))
+        faster(torch.randn(2, 4))
     assert [key[:2] + key[3:4] for key in shapes] == [(3, 4, size_class(2))]  # the subclass as it is
-    assert hooked.forward is hooked_forward
-    with pytest.raises(RuntimeError), FasterLinear(model, shapes):
-        model(torch.randn(2, 5))  # a wrong width: torch's own error
-    assert "forward" not in model[0].__dict__
+    assert model[2].forward is hooked_forward and type(model[0]) is torch.nn.Linear
+    with pytest.raises(RuntimeError):
+        faster(torch.randn(2, 5))  # a wrong width: torch's own error
 
 
-def test_the_target_and_model_drafts_pass_through_it_on_the_cpu():
-    model = tiny_model()
-    cached = CachedModel(model, "tiny", model.config.vocab_size)
+def test_the_target_and_model_drafts_run_it_on_the_cpu_kept_in_their_memory():
+    model, memory = tiny_model(), Memory()
+    cached = CachedModel(model, "tiny", model.config.vocab_size, memory=memory)
     with torch.inference_mode():
         cached.prefill(torch.tensor([[3, 7, 1]]), torch.ones(1, 3, dtype=torch.bool))
         cached.feed(torch.tensor([[5, 2]]))
-    assert faster_linear(model) is faster_linear(model)  # one per model
+    assert cached.model is model and faster_products(model, memory) is cached.runner  # made once
     head = model.lm_head.weight
-    assert any(key[:2] == tuple(head.shape) and key[3] == size_class(2)
-               for key in faster_linear(model).shapes)
+    assert any(key[:2] == tuple(head.shape) and key[3] == size_class(2) for key in memory.shapes)
+    assert faster_products(model, Memory()) is not cached.runner  # another memory: its own

@@ -295,7 +295,7 @@ class AutoGamma:
         """The controller for the decoder's target and drafter (it keeps timings per batch size)."""
         name = decoder.drafter.name
         if name not in self.controllers:
-            controller = self.controller_type.shared(decoder.lm.model, name)
+            controller = self.controller_type.shared(decoder.memory, name)
             controller.acceptance, controller.past = self.acceptance, {}  # spans requests already
             self.controllers[name] = controller
         return self.controllers[name]

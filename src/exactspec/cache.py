@@ -24,8 +24,8 @@ import math
 import torch
 from transformers import DynamicCache
 
-from exactspec.kernels import faster_linear
-from exactspec.models.loaded import input_device
+from exactspec.kernels import faster_products
+from exactspec.models.loaded import Memory, input_device
 from exactspec.threads import torch_choice
 
 
@@ -36,10 +36,15 @@ def _cache_argument(model: torch.nn.Module) -> str:
 
 
 class CachedModel:
-    """One model, one KV cache over B rows, with holes masked out (see the module docstring)."""
+    """One model, one KV cache over B rows, with holes masked out (see the module docstring).
+    Its passes run the model with the faster matrix products (`kernels.faster_products`), kept in
+    `memory` (the model's own, `models.loaded.Memory`; None: a fresh one)."""
 
-    def __init__(self, model: torch.nn.Module, name: str, vocab_size: int, batch_size: int = 1):
+    def __init__(self, model: torch.nn.Module, name: str, vocab_size: int, batch_size: int = 1,
+                 memory: Memory | None = None):
         self.model, self.name, self.vocab_size = model, name, vocab_size
+        self.memory = Memory() if memory is None else memory
+        self.runner = faster_products(model, self.memory)
         self.device = input_device(model)
         self._cache_arg = _cache_argument(model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -90,7 +95,7 @@ class CachedModel:
     def join(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
         """Rows appended last with tokens[n, L] (left-padded): prefilled on their own, then
         merged (`merge`)."""
-        other = CachedModel(self.model, self.name, self.vocab_size, tokens.size(0))
+        other = CachedModel(self.model, self.name, self.vocab_size, tokens.size(0), self.memory)
         if tokens.size(1):
             other.prefill(tokens, valid)
         self.merge(other)
@@ -98,7 +103,7 @@ class CachedModel:
     def _run(self, tokens: torch.Tensor, valid: torch.Tensor, **kwargs):
         positions = self.kept.unsqueeze(1) + valid.long().cumsum(dim=1) - 1  # [B, n]
         self.valid = torch.cat([self.valid, valid], dim=1)  # [B, T + n]
-        output = self._forward(lambda: self.model(
+        output = self._forward(lambda: self.runner(
             input_ids=tokens, attention_mask=self.valid.long(), position_ids=positions.clamp(min=0),
             use_cache=True, **{self._cache_arg: self.cache}, **kwargs), tokens.numel())
         self.cache = getattr(output, self._cache_arg, None) or getattr(output, "past_key_values")
@@ -113,19 +118,18 @@ class CachedModel:
         faster now (`threads.torch_choice`: torch's configured count or one; beside a busy
         process torch's workers wait for a descheduled one at every operation), torch's own
         count set back after it. On an idle machine the configured count wins and one thread is
-        tried once in TARGET_EXPLORE_EVERY passes (`docs/design.md`: threads). Its linear layers
-        run as the faster of two matrix products for their shape (`kernels.FasterLinear`)."""
+        tried once in TARGET_EXPLORE_EVERY passes (`docs/design.md`: threads). On the CPU its
+        linear layers run as the faster of two products (`self.runner`)."""
         if self.device.type != "cpu":
             return work()
         configured = torch.get_num_threads()
         choice = torch_choice(self.model, configured)
-        with faster_linear(self.model):
-            if choice is None:
-                return work()
-            try:
-                return choice.run(tokens, torch.set_num_threads, work)
-            finally:
-                torch.set_num_threads(configured)
+        if choice is None:
+            return work()
+        try:
+            return choice.run(tokens, torch.set_num_threads, work)
+        finally:
+            torch.set_num_threads(configured)
 
     def discard_last(self, counts: torch.Tensor) -> None:
         """Make the last counts[b] columns of row b holes (drafts scored under a prefix that was

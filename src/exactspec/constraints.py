@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import time
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -122,16 +121,14 @@ def as_constraint(value) -> Constraint | None:
                      f"{CONSTRAINT_KINDS}, got {value!r}")
 
 
-# One llguidance tokenizer per Hugging Face tokenizer, vocabulary and EOS set (~1 s to build).
-_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def matcher_tokenizer(tokenizer, vocab: int, eos: set[int]):
-    """llguidance's view of a Hugging Face (fast) tokenizer over the first `vocab` token ids."""
+def matcher_tokenizer(tokenizer, vocab: int, eos: set[int], memory=None):
+    """llguidance's view of a Hugging Face (fast) tokenizer over the first `vocab` token ids,
+    made once per vocabulary and EOS set (~1 s) and kept in `memory` (the target's
+    `models.loaded.Memory`, whose tokenizer this is; None: made afresh)."""
     if tokenizer is None:
         raise ValueError("a constraint needs the target's tokenizer: pass the model with its "
                          "tokenizer (a LoadedModel or (model, tokenizer))")
-    known = _TOKENIZERS.setdefault(tokenizer, {})
+    known = {} if memory is None else memory.matcher_tokenizers
     key = (vocab, tuple(sorted(eos)))
     if key not in known:
         size = max(vocab, len(tokenizer))
@@ -141,10 +138,11 @@ def matcher_tokenizer(tokenizer, vocab: int, eos: set[int]):
 
 class RowMatchers:
     """One llguidance matcher per row of a batch (None for an unconstrained row), in batch order,
-    each holding the tokens its row has committed."""
+    each holding the tokens its row has committed. `memory`: the target's (`models.loaded.Memory`),
+    where the tables made from its tokenizer are kept."""
 
-    def __init__(self, tokenizer, vocab: int, eos: set[int]):
-        self.tokenizer, self.vocab, self.eos = tokenizer, vocab, eos
+    def __init__(self, tokenizer, vocab: int, eos: set[int], memory=None):
+        self.tokenizer, self.vocab, self.eos, self.memory = tokenizer, vocab, eos, memory
         self.rows: list = []  # LLMatcher or None per row
         self.consumed: list[int] = []  # new tokens each matcher holds
         self.masks: dict = {}  # (row, drafts before) → bool[V], for the round
@@ -160,7 +158,8 @@ class RowMatchers:
             if not self.eos:
                 raise ValueError("a constraint needs an end-of-sequence token to end on: "
                                  "eos_token_id is empty")
-            llg, tokenizer = _llguidance(), matcher_tokenizer(self.tokenizer, self.vocab, self.eos)
+            llg, tokenizer = _llguidance(), matcher_tokenizer(self.tokenizer, self.vocab, self.eos,
+                                                                 self.memory)
         for constraint in constraints:
             self.rows.append(None if constraint is None
                              else llg.LLMatcher(tokenizer, constraint.grammar, log_level=0))

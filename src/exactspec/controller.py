@@ -1,177 +1,46 @@
-"""Adaptive γ: before each round, the γ that maximizes expected output tokens per expected second.
-
-The controller keeps, from rounds already run (the past-only rule, so the output stays exact):
-- T(k): the seconds of a target pass over k tokens per row, per k and per batch size (rows in
-  the pass: a batch's rows end at different rounds, and a pass over 8 rows costs more than over
-  1), and for the k not seen yet a line between the nearest sizes seen;
-- the draft's seconds per proposed token, per source ("model", "ngram", ...) and batch size (a
-  batch size not seen yet takes the nearest one's);
-- a model draft's catch-up seconds per token: after rounds it sat out (and for the prompt) it
-  feeds the tokens it missed before drafting, so it drafts only if what drafting saves over the
-  tokens left to generate pays for that twice over (`_CATCH_UP_MARGIN`);
-- α per source: kept drafts / (kept drafts + rejections) in this generation, the geometric
-  model's estimate, starting from a uniform prior; for prompt lookup on one row, which can score
-  itself against every committed token (`NGramDrafter.evidence`), hits / (hits + misses) instead.
-
-Timings follow the machine as it is now: each estimate is the median of its last _RECENT
-samples, so a change in cost (another process taking a core, or leaving it) shows within three
-rounds, and one outlier either way (a first call's set-up, a descheduled moment) does not move
-it; a k-token pass slower than k one-token passes is set aside as an outlier, and the draft's
-cost is per forward pass of its model (a catch-up pass counts once). A drafting round that took
-more than _RECHECK times its price re-times T(1) (its samples are dropped, so the next rounds
-are plain steps that measure it again): what every round is weighed against must be as current
-as the rounds themselves. Blocks longer than _STEADY_GAMMA are chosen only while T(1) and the
-draft's cost are steady (recent samples within _STEADY_SPREAD of each other): a long block
-priced at a quiet moment is the costliest mistake when the machine gets busy.
-
-The guard: within a generation, a source whose last drafting rounds (at least _GUARD_ROUNDS of
-them) delivered fewer tokens per second than a plain step does now (1 / T(1)) stops drafting;
-its probes (below) still run, and a probe round that beats a plain step lets it draft again.
-(Not for a one-row source that scores itself, prompt lookup: its α is measured at every token
-and its drafts cost nothing, so its price is what its rounds deliver but for the pass's cost;
-for that it drafts only when a round promises _MARGIN times a plain step's rate.)
-
-It picks γ in 0..max_gamma maximizing E[N](α, γ) / (γ · c_draft + T(γ + 1)), where
-E[N] = Σ_{k=0..γ} α^k and γ = 0 is a plain step (one token per T(1)).
-
-A round whose first `free` drafts are kept with certainty (a grammar round's forced tokens: p = 1
-under the mask) drafts them whatever γ is, so γ is the tail after them: it maximizes
-(free + E[N](α, γ)) / (γ · c_draft + T(free + γ + 1)), with no plain step to beat, and α is the
-tail's (the forced drafts, always kept, would price a long tail as if it were always kept too).
-
-Before rounds at a batch size are priced, T(1), what every round is weighed against, is timed
-with _PLAIN_SAMPLES plain steps (they cost nothing against plain decoding; fewer would leave T(1)
-the smallest of fewer samples than the drafting rounds' T(k), biased towards drafting); before
-anything is known of a draft its first round drafts START_GAMMA tokens.
-
-When γ = 0 wins it still probes now and then (but not for prompt lookup, whose α keeps coming
-from its scores of itself), with the γ that would be best at an optimistic α (`probe_gamma`),
-doubled after each probe the draft kept whole, so a drop to γ = 0 is never permanent and a
-draft that pays only in long blocks gets them: after 4, 8, 16 and then every 32 plain steps while drafting could pay
-at a better α, and every 64 while it could not pay even if every draft were kept (then only
-the timings can change the answer); plain steps count across generations, so short generations
-probe too. Timings are remembered for the process (`shared`), held for the target model itself
-(a weak reference: they go with it, and a model loaded later in its place starts afresh) and the
-drafter's name, so a second generation starts from the first one's costs; so is
-acceptance, but only as a prior worth _PRIOR_DRAFTS drafts: α belongs to the text, and a few of
-this generation's drafts outweigh it.
+"""Adaptive γ: before each round, the γ that maximizes expected output tokens per expected second,
+E[N](α, γ) / (γ · c_draft + T(γ + 1)), from rounds already run only (the past-only rule keeps the
+output exact); γ = 0 is a plain step. Prices: `exactspec.pricing`; α and probes:
+`exactspec.acceptance`; the rules and their reasons: docs/design.md, "Moved from comments".
 """
 from __future__ import annotations
 
-import statistics
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from exactspec.acceptance import Acceptance, Probe, count_past
+from exactspec.models.loaded import Memory
+from exactspec.pricing import between, estimate, pass_estimates, record, steady
+
 AUTO = "auto"
 MAX_GAMMA = 32  # the longest block anyone may ask for
-AUTO_MAX_GAMMA = MAX_GAMMA  # the longest the controller chooses (free drafts kept ~always:
-# on a 2-core CPU a pass over 33 tokens costs 1.6x one over 9 and yields up to 3.7x the tokens)
+AUTO_MAX_GAMMA = MAX_GAMMA  # the longest the controller chooses (docs/design.md)
 START_GAMMA = 4  # a source's first round, before its cost is known
-_RECENT = 5  # an estimate is the median of this many latest samples
 _RECHECK = 1.5  # a drafting round dearer than this times its price re-times T(1)
-# A source that scores itself (no guard: see below) drafts only when a round promises this many
-# times a plain step's tokens per second: its price is made of medians, and what rounds cost on
-# average is more (a busy moment, a thread count being tried); on open prompts beside a busy
-# process lookup rounds priced at break-even lost 12 %.
-_MARGIN = 1.1
+_MARGIN = 1.1  # a source that scores itself must promise this times a plain step (docs/design.md)
 _STEADY_GAMMA = 8  # longer blocks only while costs are steady
-_STEADY_SPREAD = 1.5  # steady: the largest recent sample at most this times the smallest
-# Drafting after a catch-up must save this many times the catch-up's expected cost: its cost per
-# token swings with the lag's length and the machine (the bundled model's bfloat16 copy read 44
-# and 40 tokens at 13.5 and 29 ms a token, a minute apart), and a wrong yes pays the whole
-# catch-up while a wrong no forgoes at most half of what drafting would save (seen in an idle
-# bench: a probe's catch-up of 40 tokens priced at 0.54 s took 1.17 s).
-_CATCH_UP_MARGIN = 2.0
+_CATCH_UP_MARGIN = 2.0  # drafting after a catch-up must save this times its cost (docs/design.md)
 _GUARD_ROUNDS = 4  # drafting rounds of a source in a generation before the guard judges them
 _PLAIN_SAMPLES = 3  # T(1) is timed this many times at a batch size before rounds are priced there
-_PRIOR_SLOPE = 0.05  # past the pass sizes seen, a token costs this share of the cheapest pass
-_FIRST_PROBE, _LAST_PROBE, _REFRESH_PROBE = 4, 32, 64
-_PROBE_QUANTILE = 0.9  # a probe's γ is the best at this quantile of α's posterior (probe_gamma)
-
-_PRIOR_DRAFTS = 2  # a generation's α starts from a prior worth this many drafts
-_PAST_WINDOW = 256  # past generations' drafts per source, after which older ones weigh half
-
-
-@dataclass
-class _Memory:
-    """What the process remembers of one target model: T(k) per batch size, and per drafter
-    name the draft's cost per token per batch size and source, its catch-up cost per token,
-    [kept, rejected] per source, its probe schedules and the sources that score themselves."""
-
-    target: dict[int, dict[int, list[float]]] = field(default_factory=dict)
-    drafters: dict[str, dict[str, object]] = field(default_factory=dict)
-
-    def drafter(self, name: str) -> dict[str, object]:
-        return self.drafters.setdefault(name, dict(draft={}, catch_up={}, past={}, probes={},
-                                                   scored=set()))
-
-
-_MEMORY: "weakref.WeakKeyDictionary[object, _Memory]" = weakref.WeakKeyDictionary()
-
-
-def memory(model) -> _Memory:
-    """The timings and acceptance kept for `model` (a target), for as long as it lives."""
-    if model not in _MEMORY:
-        _MEMORY[model] = _Memory()
-    return _MEMORY[model]
-
-
-def _record(samples: dict, key, seconds: float) -> None:
-    recent = samples.setdefault(key, [])
-    recent.append(seconds)
-    del recent[:-_RECENT]
-
-
-def estimate(samples: list[float]) -> float:
-    """The median of the recent samples: current, and robust to one outlier either way."""
-    return statistics.median(samples)
-
-
-def steady(samples: list[float], floor: float = 0.0) -> bool:
-    """Whether recent samples agree: at least 3, the largest within _STEADY_SPREAD times the
-    smallest (or within `floor` seconds of it: costs too small to matter)."""
-    return len(samples) >= 3 and max(samples) <= max(_STEADY_SPREAD * min(samples), min(samples) + floor)
-
-
-@dataclass
-class _Probe:
-    """When a source probes next, and how long: `plain` steps since its last probe, the next one
-    `after` that many; `ladder`: twice the last probe's γ when the draft kept all of it (a
-    doubling search for the block length that shows what the draft is worth), else 0;
-    `pending`: the γ of a probe not yet observed."""
-
-    plain: int = 0
-    after: int = _FIRST_PROBE
-    ladder: int = 0
-    pending: int = 0
-
-
-@dataclass
-class _Acceptance:
-    """Kept and rejected drafts of one source in this generation.
-    α starts from `prior`, weighted as _PRIOR_DRAFTS drafts: the α of past generations with the
-    same drafter when there were any, else 1/2 (a uniform prior)."""
-
-    accepted: int = 0
-    rejected: int = 0
-    prior: float = 0.5
-
-    def alpha(self) -> float:
-        return (self.accepted + _PRIOR_DRAFTS * self.prior) / (self.accepted + self.rejected + _PRIOR_DRAFTS)
 
 
 @dataclass
 class GammaController:
-    """Chooses γ per round from past timings and acceptances (see the module docstring)."""
+    """Chooses γ per round from past timings and acceptances (docs/design.md: moved from comments).
+
+    It keeps T(k) per k and batch size, the draft's seconds per token per source and batch size,
+    a model draft's catch-up seconds per token, and α per source. A drafting round dearer than
+    _RECHECK times its price re-times T(1); blocks longer than _STEADY_GAMMA wait for steady costs;
+    the guard stops a source whose last rounds delivered less than a plain step (`delivers`); a
+    plain step probes now and then (`probe_gamma`), so a drop to γ = 0 is never permanent."""
 
     max_gamma: int = AUTO_MAX_GAMMA
     target_by_rows: dict[int, dict[int, list[float]]] = field(default_factory=dict)  # rows → k → s
     draft_by_rows: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # rows → source → s/token
     catch_up: dict[str, list[float]] = field(default_factory=dict)  # source → seconds per token
-    acceptance: dict[str, _Acceptance] = field(default_factory=dict)
+    acceptance: dict[str, Acceptance] = field(default_factory=dict)
     past: dict[str, list[int]] = field(default_factory=dict)  # source → [kept, rejected] before
-    probes: dict[str, "_Probe"] = field(default_factory=dict)  # source → its probe schedule
+    probes: dict[str, Probe] = field(default_factory=dict)  # source → its probe schedule
     rows: int = 1  # the batch size of the round being chosen (set by `choose`)
     lockstep: bool = False  # a fixed batch, done when its slowest row is: see `observe`
     scored: set[str] = field(default_factory=set)  # sources whose one-row α is `observe_evidence`'s
@@ -180,16 +49,16 @@ class GammaController:
     _priced: dict | None = field(default=None, repr=False)  # estimates made while `_pricing`
 
     @classmethod
-    def shared(cls, target, drafter_name: str) -> GammaController:
-        """A controller whose timings persist across generations with the same target model (the
-        object: `memory`) and drafter name, and whose α starts from the past generations' (see
-        `_Acceptance`); so does which sources score themselves, so that a generation's first
-        rounds do not probe them."""
-        kept = memory(target)
-        drafter = kept.drafter(drafter_name)
-        return cls(target_by_rows=kept.target, draft_by_rows=drafter["draft"],
-                   catch_up=drafter["catch_up"], past=drafter["past"], probes=drafter["probes"],
-                   scored=drafter["scored"])
+    def shared(cls, memory: Memory, drafter_name: str) -> GammaController:
+        """A controller whose timings persist in `memory` (the target's, `models.loaded.Memory`)
+        across generations with the same drafter name, and whose α starts from the past
+        generations' (`Acceptance.from_past`); so does which sources score themselves, so that a
+        generation's first rounds do not probe them."""
+        kept = memory.drafters.setdefault(drafter_name, dict(draft={}, catch_up={}, past={},
+                                                             probes={}, scored=set()))
+        return cls(target_by_rows=memory.passes, draft_by_rows=kept["draft"],
+                   catch_up=kept["catch_up"], past=kept["past"], probes=kept["probes"],
+                   scored=kept["scored"])
 
     @property
     def target(self) -> dict[int, list[float]]:
@@ -212,11 +81,9 @@ class GammaController:
             return None
         return estimate(self.draft_by_rows[min(seen, key=lambda rows: abs(rows - self.rows))][source])
 
-    def _stats(self, source: str) -> _Acceptance:
+    def _stats(self, source: str) -> Acceptance:
         if source not in self.acceptance:
-            kept, rejected = self.past.get(source, (0, 0))
-            prior = (kept + 1) / (kept + rejected + 2) if kept + rejected else 0.5
-            self.acceptance[source] = _Acceptance(prior=prior)
+            self.acceptance[source] = Acceptance.from_past(*self.past.get(source, (0, 0)))
         return self.acceptance[source]
 
     def observe(self, source: str, drafted: int | list[int], num_accepted, target_tokens: int,
@@ -240,22 +107,20 @@ class GammaController:
         if drafting and draft_seconds is not None:
             self._check_price(source, width, target_tokens, draft_seconds + target_seconds)
         if target_tokens > 0:
-            _record(self.target, target_tokens, target_seconds)
+            record(self.target, target_tokens, target_seconds)
         if not drafting:
             return
         if self.lockstep:
             least = min(range(len(kept)), key=lambda i: min(kept[i], per_row[i]))
             kept, per_row = [kept[least]], [per_row[least]]
         if draft_seconds is not None:
-            _record(self.draft, source, draft_seconds / (draft_calls or width))
+            record(self.draft, source, draft_seconds / (draft_calls or width))
         probe = self.probes.get(source)
         if target_tokens > 0:  # a round that also read the prompts says nothing of its rate
             self._deliver(source, sum(kept) / len(kept) + 1, (draft_seconds or 0.0) + target_seconds,
                           probe is not None and probe.pending)
         if probe is not None and probe.pending:  # the probe's outcome sets the ladder
-            whole = all(tau >= n for tau, n in zip(kept, per_row))
-            probe.ladder = 2 * probe.pending if whole else 0
-            probe.pending = 0
+            probe.observed(all(tau >= n for tau, n in zip(kept, per_row)))
         if source in self.scored and self.rows == 1:
             return
         pairs = list(zip(kept, per_row)) if not free else [
@@ -308,23 +173,22 @@ class GammaController:
                 self._count(source, *rows[0])
 
     def _count(self, source: str, accepted: int, rejected: int) -> None:
-        stats, past = self._stats(source), self.past.setdefault(source, [0, 0])
+        stats = self._stats(source)
         stats.accepted, stats.rejected = stats.accepted + accepted, stats.rejected + rejected
-        past[0], past[1] = past[0] + accepted, past[1] + rejected
-        if sum(past) > _PAST_WINDOW:
-            past[0], past[1] = past[0] // 2, past[1] // 2
+        count_past(self.past.setdefault(source, [0, 0]), accepted, rejected)
 
     def observe_catch_up(self, source: str, seconds: float, tokens: int) -> None:
         """A round's draft first fed `tokens` it had missed (its lag), in `seconds`."""
         if tokens > 0:
-            _record(self.catch_up, source, seconds / tokens)
+            record(self.catch_up, source, seconds / tokens)
 
     def choose(self, source: str, rows: int = 1, lag: int = 0, tokens_left: int | None = None,
                free: int = 0) -> int:
         """The γ for the next round of `rows` rows when `source` drafts it; `lag`: the tokens the
         draft must catch up on first, `tokens_left`: the most any row may still generate, `free`:
-        the drafts every row keeps for certain before the γ chosen here (see the module's
-        docstring). Nothing is recorded while it prices (`_pricing`)."""
+        the drafts every row keeps for certain before the γ chosen here: γ is then the tail after
+        them, with no plain step to beat, and α the tail's. Nothing is recorded while it prices
+        (`_pricing`)."""
         self.rows = rows
         with self._pricing():
             return self._choose(source, rows, lag, tokens_left, free)
@@ -365,38 +229,29 @@ class GammaController:
         gamma = self.best_gamma(source, stats.alpha(), _MARGIN if scored else 1.0)
         if gamma > 0 and not self.catch_up_pays(source, stats.alpha(), gamma, lag, tokens_left):
             return 0  # sitting out only adds to the lag: no probes either
-        probe = self.probes.setdefault(source, _Probe())
+        probe = self.probes.setdefault(source, Probe())
         if gamma > 0 and (scored or self.delivers(source)):
-            probe.plain, probe.after, probe.ladder = 0, _FIRST_PROBE, 0
+            probe.reset()
             return gamma
         if scored:
             return 0  # its α is scored at every committed token and it costs nothing: no probes
-        probe.plain += 1
         could_pay = self.best_gamma(source, 1.0)
-        if probe.plain < (probe.after if could_pay else _REFRESH_PROBE):
+        if not probe.due(could_pay):
             return 0
         if not self.catch_up_pays(source, 1.0, max(could_pay, 1), lag, tokens_left):
             return 0  # even if every draft were kept, catching up would cost more than it saves
-        probe.plain, probe.after = 0, min(2 * probe.after, _LAST_PROBE)
-        probe.pending = min(max(self.probe_gamma(source), probe.ladder), self.max_gamma)
-        return probe.pending  # a probe keeps α and the draft's cost up to date
+        # a probe keeps α and the draft's cost up to date
+        return probe.start(min(max(self.probe_gamma(source), probe.ladder), self.max_gamma))
 
     def probe_gamma(self, source: str) -> int:
-        """The γ of a probe: the best at an optimistic α, the _PROBE_QUANTILE quantile of α's
-        Beta posterior (the point estimate's kept and rejected counts with its prior), so that
+        """The γ of a probe: the best at an optimistic α (`Acceptance.optimistic`), so that
         where drafts are kept a probe is a block long enough to show it (a draft as dear as 0.4
         of a target pass, kept 99 % of the time, pays only in blocks of 8 or more, and a prior
         of 1/2 prices any block below a plain step); when even that α prices no drafting round
         above a plain step, the cheapest drafting round (on a CPU a pass of 2 tokens can cost
         more than one of 5, so a probe of γ = 1 is not always the cheap one). `choose` lengthens
-        it to the probe ladder (`_Probe`): after a probe kept whole, the next is twice as long."""
-        from scipy.special import betaincinv
-
-        stats = self._stats(source)
-        optimistic = float(betaincinv(stats.accepted + _PRIOR_DRAFTS * stats.prior,
-                                      stats.rejected + _PRIOR_DRAFTS * (1 - stats.prior),
-                                      _PROBE_QUANTILE))
-        gamma = self.best_gamma(source, optimistic)
+        it to the probe ladder (`Probe`): after a probe kept whole, the next is twice as long."""
+        gamma = self.best_gamma(source, self._stats(source).optimistic())
         if gamma > 0:
             return gamma
         cost = self.draft_seconds(source)
@@ -452,35 +307,14 @@ class GammaController:
                                   + self.target_seconds(free + gamma + 1))
 
     def target_seconds(self, k: int) -> float:
-        """T(k): measured when k was seen, else read off a line between the nearest sizes seen
-        on either side; past the sizes seen, each further token costs _PRIOR_SLOPE of the
-        cheapest pass. Not a line through all sizes: on a CPU a pass of 2 or 3 tokens can cost
-        more than one of 4 to 8 (other matrix kernels), and such a fit would price long blocks
-        far too high. A size whose pass took longer than k one-token passes is set aside as an
-        outlier (a first call's set-up, a busy moment) until it is measured again within that
-        bound."""
+        """T(k) at this batch size: measured when k was seen, else `pricing.between` the sizes
+        seen (outliers set aside: `pricing.pass_estimates`)."""
         seen = self._once(None, self.pass_estimates)  # None: no source's name
-        return seen[k] if k in seen else _between(seen, k)
+        return seen[k] if k in seen else between(seen, k)
 
     def pass_estimates(self) -> dict[int, float]:
-        """k → the estimate of a k-token pass at this batch size, outliers set aside (see
-        `target_seconds`)."""
-        seen = {size: estimate(samples) for size, samples in self.target.items()}
-        if 1 in seen:
-            seen = {size: t for size, t in seen.items() if t <= size * seen[1]}
-        return seen
-
-
-def _between(seen: dict[int, float], k: int) -> float:
-    """The seconds of a k-token pass from the (size, seconds) seen at other sizes."""
-    below = max((s for s in seen if s < k), default=None)
-    above = min((s for s in seen if s > k), default=None)
-    if below is not None and above is not None:
-        return seen[below] + (seen[above] - seen[below]) * (k - below) / (above - below)
-    per_token = _PRIOR_SLOPE * min(seen.values())
-    if below is not None:
-        return seen[below] + per_token * (k - below)
-    return max(seen[above] - per_token * (above - k), per_token)
+        """k → the estimate of a k-token pass at this batch size, outliers set aside."""
+        return pass_estimates(self.target)
 
 
 def observe_round(controller, source: str, report, drafted=None) -> None:

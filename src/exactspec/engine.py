@@ -28,6 +28,7 @@ from exactspec.constraints import RowMatchers, as_constraint
 from exactspec.drafters import Drafter, Proposal, make_drafter
 from exactspec.drafters.base import drafter_evidence, drafter_free, drafter_lag
 from exactspec.models import check_context, eos_token_ids, unwrap_model
+from exactspec.models.loaded import memory_of
 from exactspec.rows import DecodeStats, EndRow, Rows  # noqa: F401 (EndRow: part of the API)
 from exactspec.sampling import SamplingConfig
 from exactspec.targets import Scorer, make_target
@@ -153,7 +154,8 @@ class Decoder(ContinuousBatching):
         ids, valid = left_pad(input_ids, attention_mask)
         check_context(model, name, ids.size(1) + max_new_tokens)
         vocab = drafter.bind((model, tokenizer), ids.size(1) + max_new_tokens)
-        self.lm = make_target(model, name, vocab, ids.size(0))  # `exactspec.targets`
+        self.memory = memory_of(target)  # what generations with this target remember
+        self.lm = make_target(model, name, vocab, ids.size(0), self.memory)  # `exactspec.targets`
         self.ids, self.valid = ids.to(self.lm.device), valid.to(self.lm.device)
         self.drafter, self.sampling, self.verify = drafter, sampling, verify
         self.generator = _generator(distributed.agree_seed(seed), self.lm.device)  # same on every rank
@@ -162,7 +164,7 @@ class Decoder(ContinuousBatching):
         self.clock = _Clock(self.lm.device)
         eos = _eos_set(eos_token_id, (model, tokenizer))
         self.rows = Rows(ids.size(0), max_new_tokens, eos, self.clock, on_tokens)
-        self.matchers = RowMatchers(tokenizer, vocab, eos)  # each row's grammar, if it has one
+        self.matchers = RowMatchers(tokenizer, vocab, eos, self.memory)  # each row's grammar, if any
         self.constrain([as_constraint(constraint)] * ids.size(0))
         self.scorer = Scorer(self.lm, self.ids, self.valid)
         self.drafter.start(self.ids, self.valid, vocab)  # the grammar's drafter, if constrained
@@ -260,7 +262,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
     decoder = Decoder(target, drafter, input_ids, attention_mask, **settings)
     controller = gamma if hasattr(gamma, "choose") else None
     if gamma == AUTO:  # timings carry over between generations with the same target and drafter
-        controller = GammaController.shared(decoder.lm.model, drafter.name)
+        controller = GammaController.shared(decoder.memory, drafter.name)
         controller.lockstep = decoder.ids.size(0) > 1
     by_source: dict[str, int] = {}
     kept: dict[str, int] = {}

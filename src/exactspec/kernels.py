@@ -1,30 +1,20 @@
 """Linear layers on the CPU in the faster of two matrix products, chosen per shape by timing.
 
-A decode feeds a few tokens, so every linear layer of the model multiplies a few rows x[M, K]
-by a large weight W[N, K]. torch computes x @ Wᵀ (one row: a matrix-vector product), and on
-the CPU its BLAS is far slower at that shape than at the same product turned around, (W @ xᵀ)ᵀ,
-with one row padded to two. Measured on a 2-core AMD EPYC: the bundled model's output layer
-(W[49152, 576]) takes 7.2 ms for one row and 12.3 ms for four as x @ Wᵀ, 2.6 and 2.8 ms turned
-around; a whole pass of the bundled model on a 200-token cache 40–43 → 27 ms for one token and
-62–69 → 31 ms for four; the 1.5B target 306 → 211 and 683 → 372 ms (the turned product at up to
-8 rows). Which is faster depends on the BLAS, the CPU, M and the thread count, so it is
-measured: each weight shape, size class of M (1, 2–3, 4–7, 8–15, ...: on this CPU the winner
-changes near those bounds, and a class's few passes soon end its trials) and thread count tries
-both products a few times, then runs the faster one per row, and tries the other again now and
-then.
-
-Both compute the same sums (float rounding aside, as between a one-token and a k-token pass):
-p is whatever a pass computed, so exactness does not depend on the choice.
+A decode multiplies a few rows x[M, K] by a large weight W[N, K]; on the CPU, torch's x @ Wᵀ can
+be far slower at that shape than the same product turned around, (W @ xᵀ)ᵀ (docs/design.md:
+the faster product). Which wins depends on the BLAS, the CPU, M and the threads, so each is timed.
+Both compute the same sums (float rounding aside), so exactness does not depend on the choice.
 """
 from __future__ import annotations
 
+import copy
 import statistics
 import time
-import weakref
 
 import torch
 import torch.nn.functional as F
 
+from exactspec.models.loaded import Memory, input_device
 from exactspec.threads import size_class
 
 ROWS, COLUMNS = "rows", "columns"  # x @ Wᵀ (torch's own) and (W @ xᵀ)ᵀ
@@ -81,44 +71,62 @@ class _Shape:
             self.best = min(self.seconds, key=lambda n: statistics.median(self.seconds[n]))
 
 
-class FasterLinear:
-    """A model's `nn.Linear` layers, run within this context (a pass of exactspec's) as the
-    product measured faster for their shape on CPU tensors of up to MAX_ROWS rows (see the module
-    docstring); outside it, and for anything else, as torch runs them. Entering sets each layer's
-    `forward` on the instance, leaving takes it off again: the model is not changed. `shapes`
-    holds the timings, one `_Shape` per (N, K, dtype, size class of the rows, threads)."""
+class FasterLinear(torch.nn.Module):
+    """An `nn.Linear` run as the product measured faster for its shape on CPU tensors of up to
+    MAX_ROWS rows, and as torch runs it otherwise. It holds the layer (and so its weights) and
+    changes nothing in it. `shapes` holds the timings, one `_Shape` per (N, K, dtype, size class
+    of the rows, threads)."""
 
-    def __init__(self, model: torch.nn.Module, shapes: dict, clock=time.perf_counter):
-        self.shapes, self.clock = shapes, clock
-        self.layers = [(layer, self._forward(layer)) for layer in model.modules()
-                       if type(layer) is torch.nn.Linear]  # subclasses (quantized, LoRA) keep theirs
+    def __init__(self, layer: torch.nn.Linear, shapes: dict, clock=time.perf_counter):
+        super().__init__()
+        self.layer, self.shapes, self.clock = layer, shapes, clock
 
-    def __enter__(self) -> "FasterLinear":
-        # A plain attribute (not nn.Module.__setattr__'s); a forward the layer already has of its
-        # own (accelerate's device-map hooks set one) stays.
-        for layer, forward in self.layers:
-            layer.__dict__.setdefault("forward", forward)
-        return self
+    weight = property(lambda self: self.layer.weight)
+    bias = property(lambda self: self.layer.bias)
 
-    def __exit__(self, *exc) -> None:
-        for layer, forward in self.layers:
-            if layer.__dict__.get("forward") is forward:
-                del layer.__dict__["forward"]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.layer.weight, self.layer.bias
+        if not _plain_cpu(x, weight, bias) or x.numel() > MAX_ROWS * x.size(-1):
+            return F.linear(x, weight, bias)
+        rows = x.numel() // x.size(-1)
+        key = (*weight.shape, weight.dtype, size_class(rows), torch.get_num_threads())
+        shape = self.shapes.get(key) or self.shapes.setdefault(key, _Shape())
+        name = shape.next_product()
+        started = self.clock()
+        out = PRODUCTS[name](x, weight, bias)
+        shape.record(name, (self.clock() - started) / rows)
+        return out
 
-    def _forward(self, layer: torch.nn.Linear):
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            weight, bias = layer.weight, layer.bias
-            if not _plain_cpu(x, weight, bias) or x.numel() > MAX_ROWS * x.size(-1):
-                return F.linear(x, weight, bias)
-            rows = x.numel() // x.size(-1)
-            key = (*weight.shape, weight.dtype, size_class(rows), torch.get_num_threads())
-            shape = self.shapes.get(key) or self.shapes.setdefault(key, _Shape())
-            name = shape.next_product()
-            started = self.clock()
-            out = PRODUCTS[name](x, weight, bias)
-            shape.record(name, (self.clock() - started) / rows)
-            return out
-        return forward
+
+def faster_model(model: torch.nn.Module, shapes: dict, clock=time.perf_counter) -> torch.nn.Module:
+    """`model` with each `nn.Linear` run as a `FasterLinear`: a twin of every module on the way to
+    one (a shallow copy sharing its parameters, buffers and hooks, with its own children), the
+    rest the model's own modules. The model itself is not changed. Left as they are: subclasses
+    (quantized, LoRA: they keep their product), layers with hooks, and whatever is below a module
+    with a forward of its own (accelerate's device-map hooks set one)."""
+    if type(model) is torch.nn.Linear:
+        hooked = "forward" in model.__dict__ or model._forward_hooks or model._forward_pre_hooks
+        return model if hooked else FasterLinear(model, shapes, clock)
+    if "forward" in model.__dict__:
+        return model
+    children = {name: None if child is None else faster_model(child, shapes, clock)
+                for name, child in model._modules.items()}
+    if all(children[name] is child for name, child in model._modules.items()):
+        return model
+    twin = copy.copy(model)
+    twin.__dict__["_modules"] = children
+    return twin
+
+
+def faster_products(model, memory: Memory):
+    """What a CPU pass of `model` runs: its `faster_model`, made once and kept in `memory` (the
+    model's own, `models.loaded.Memory`) with the timings; anything else (a model on an
+    accelerator, a llama.cpp model) as it is."""
+    if not isinstance(model, torch.nn.Module) or input_device(model).type != "cpu":
+        return model
+    if memory.runner is None or memory.runner[0] is not model:
+        memory.runner = (model, faster_model(model, memory.shapes))
+    return memory.runner[1]
 
 
 def _plain_cpu(x, weight, bias) -> bool:
@@ -128,14 +136,3 @@ def _plain_cpu(x, weight, bias) -> bool:
                 for t in tensors)
             and x.dim() >= 1 and x.size(-1) == weight.size(1) and x.is_floating_point()
             and x.dtype == weight.dtype and x.numel() > 0)
-
-
-_SHAPES: dict = {}  # the machine's timings, per shape: process-wide (they describe the BLAS)
-_MODELS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model → its FasterLinear
-
-
-def faster_linear(model: torch.nn.Module) -> FasterLinear:
-    """The context a model's CPU passes run in (made once per model, freed with it)."""
-    if model not in _MODELS:
-        _MODELS[model] = FasterLinear(model, _SHAPES)
-    return _MODELS[model]

@@ -32,11 +32,12 @@ from exactspec.cache import CachedModel, check_finite
 from exactspec.models.llamacpp import take_rows, torch_on_one_thread, usable_cores
 
 
-def make_target(model, name: str, vocab_size: int, batch_size: int):
-    """The target for a loaded model: llama.cpp's for a `LlamaCppModel`, else `CachedModel`."""
+def make_target(model, name: str, vocab_size: int, batch_size: int, memory=None):
+    """The target for a loaded model: llama.cpp's for a `LlamaCppModel`, else `CachedModel`
+    (`memory`: the model's, `models.loaded.Memory`, which keeps its faster products)."""
     if getattr(model, "backend", None) == "llamacpp":
         return LlamaCppTarget(model, name, vocab_size)  # its rows come with prefill and join
-    return CachedModel(model, name, vocab_size, batch_size)
+    return CachedModel(model, name, vocab_size, batch_size, memory)
 
 
 class LlamaCppTarget:

@@ -139,7 +139,7 @@ class GrammarDrafter:
 
     def _fold(self) -> None:
         if self.lookup is not None and self.matchers.tokenizer is not None:
-            self.lookup.fold_spaces(space_folding(self.matchers.tokenizer))
+            self.lookup.fold_spaces(space_folding(self.matchers.tokenizer, self.matchers.memory))
 
     def lag(self) -> int:
         return 0 if self.next_source() == GRAMMAR else drafter_lag(self.inner)

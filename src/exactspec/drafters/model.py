@@ -8,6 +8,7 @@ import torch
 from exactspec.cache import CachedModel
 from exactspec.drafters.base import Proposal, lag
 from exactspec.models import check_compatible, check_context, unwrap_model
+from exactspec.models.loaded import memory_of
 from exactspec.sampling import SamplingConfig, sample
 
 
@@ -26,6 +27,7 @@ class ModelDrafter:
 
     def __init__(self, model):
         self.model, self.tokenizer, self.name = unwrap_model(model, "draft")
+        self.memory = memory_of(model)  # a LoadedModel's own: its faster products (`CachedModel`)
         self.lm: CachedModel | None = None
         self.catch_up = (0.0, 0)  # (seconds, passes) of the last proposal's first pass, if behind
 
@@ -48,7 +50,7 @@ class ModelDrafter:
         return self.lm.padding_fed if self.lm else 0
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
-        self.lm = CachedModel(self.model, self.name, vocab_size, input_ids.size(0))
+        self.lm = CachedModel(self.model, self.name, vocab_size, input_ids.size(0), self.memory)
         self.pending, self.pending_valid = input_ids, valid  # [B, L], fed at the first proposal
 
     def next_source(self) -> str:

@@ -1,32 +1,30 @@
 """Prompt lookup: a point-mass draft copied from earlier in the sequence, at zero model cost."""
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from exactspec.drafters.base import Proposal
 from exactspec.models import usable_vocab
+from exactspec.models.loaded import Memory
 from exactspec.sampling import SamplingConfig
 
 
 ONE_TOKEN_MATCH = "ngram-1"  # the source of a lookup whose longest match is one token
 
 
-_FOLDINGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer → its folding
-
-
-def space_folding(tokenizer) -> dict[int, int]:
+def space_folding(tokenizer, memory: Memory | None = None) -> dict[int, int]:
     """token → the token of the same text without its leading space (byte-level BPE's "Ġ",
-    SentencePiece's "▁"), for the tokens that have one; computed once per tokenizer. A value
-    copied into a JSON string starts without the space it has in the passage ("Maria" against
-    " Maria"), so matching folded tokens lets lookup find the passage from a value's first word."""
-    if tokenizer in _FOLDINGS:
-        return _FOLDINGS[tokenizer]
+    SentencePiece's "▁"), for the tokens that have one; computed once and kept in `memory` (the
+    target's, whose tokenizer this is; None: computed afresh). A value copied into a JSON string
+    starts without the space it has in the passage ("Maria" against " Maria"), so matching folded
+    tokens lets lookup find the passage from a value's first word."""
+    if memory is not None and memory.folding is not None:
+        return memory.folding
     vocab = tokenizer.get_vocab()  # text → token
     folding = {token: vocab[text[1:]] for text, token in vocab.items()
                if text[:1] in ("Ġ", "▁") and text[1:] in vocab}
-    _FOLDINGS[tokenizer] = folding
+    if memory is not None:
+        memory.folding = folding
     return folding
 
 

@@ -11,10 +11,31 @@ probability in both p and q.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+
+@dataclass(eq=False)
+class Memory:
+    """What generations with one model remember, so that the next starts where the last left off.
+    A `LoadedModel` holds one (`memory_of`); a model passed bare gets a fresh one per generation.
+
+    As the target: `passes` (rows → k → seconds of recent k-token passes) and `drafters` (drafter
+    name → its costs, acceptance and probe schedules), read by `controller.GammaController.shared`;
+    `matcher_tokenizers` ((vocab, EOS ids) → llguidance's view of the tokenizer,
+    `constraints.matcher_tokenizer`) and `folding` (`drafters.ngram.space_folding`).
+    On the CPU, as target or draft: `shapes` (the timings of each matrix product per weight shape)
+    and `runner` ((the model, the model run with the faster products): `kernels.faster_products`)."""
+
+    passes: dict = field(default_factory=dict)
+    drafters: dict = field(default_factory=dict)
+    matcher_tokenizers: dict = field(default_factory=dict)
+    folding: dict | None = None
+    shapes: dict = field(default_factory=dict)
+    runner: Any = None
+
 
 @dataclass
 class LoadedModel:
@@ -32,6 +53,7 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     backend: str = "torch"
+    memory: Memory = field(default_factory=Memory, repr=False, compare=False)
 
     @property
     def spec(self) -> str:
@@ -69,6 +91,12 @@ def unwrap_model(obj, role: str = "model") -> tuple[Any, Any, str]:
         return obj, None, _model_name(obj)
     raise ValueError(f"{role} must be a LoadedModel, a (model, tokenizer) pair or a model, "
                      f"got {type(obj).__name__}")
+
+
+def memory_of(obj) -> Memory:
+    """The memory of what a user passed: a LoadedModel's own, else a fresh one (nothing is
+    remembered for a bare model or a (model, tokenizer) pair past its generation)."""
+    return obj.memory if isinstance(obj, LoadedModel) else Memory()
 
 
 def input_device(model) -> torch.device:

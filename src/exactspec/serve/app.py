@@ -223,10 +223,11 @@ def _check_constrainable(state: ServerState) -> None:
     then kept for every constrained request)."""
     from exactspec.constraints import matcher_tokenizer
     from exactspec.models import eos_token_ids, usable_vocab
+    from exactspec.models.loaded import memory_of
 
     try:
         matcher_tokenizer(state.target.tokenizer, usable_vocab(state.target),
-                          set(eos_token_ids(state.target)))
+                          set(eos_token_ids(state.target)), memory_of(state.target))
     except (ValueError, ImportError) as err:
         raise ApiError(400, f"response_format is not available for this model: {err}",
                        param="response_format") from None
