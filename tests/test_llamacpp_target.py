@@ -254,9 +254,9 @@ def test_the_bench_leaves_transformers_rows_out_for_a_llama_cpp_target():
                     prompts=list(BUILTIN_PROMPTS)).check()
 
 
-def test_decodes_run_on_the_thread_count_chosen_for_their_size(target):
-    """Each decode runs on the count its choice names for the decode's size class and is timed
-    for it; a target's choice belongs to its model and times every count it may use."""
+def test_a_drafts_decodes_run_on_the_thread_count_chosen_for_their_size(target):
+    """With a choice (a llama.cpp draft's), each decode runs on the count it names for the
+    decode's size class and is timed for it."""
     choice = ThreadChoice((1,))  # every decode on one thread
     rows = runtime.Sequences(target.model.llama, "t", 2, target.vocab_size, choice)
     rows.clear()
@@ -264,7 +264,15 @@ def test_decodes_run_on_the_thread_count_chosen_for_their_size(target):
     rows.decode([list(range(10, 15))])  # 5 tokens: size class 3
     rows.decode([[20]])
     assert list(choice.samples) == [(1, 3), (1, 1)] and rows.running == 1
-    ids, mask = batch([[1, 2, 3, 4]])
-    autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=4, temperature=0.0)
-    threads = target.model.threads
-    assert {count for count, size in threads.samples if size == 1} == set(threads.counts)
+
+
+def test_every_decode_of_the_target_runs_on_the_models_thread_count(target, monkeypatch):
+    """A seed names one text: llama.cpp's numerics depend on the thread count, so no decode of
+    a target is tried on another count, in any generation, whatever its size."""
+    seen, run = [], runtime.Sequences._run
+    monkeypatch.setattr(runtime.Sequences, "_run",
+                        lambda rows, *args: (seen.append((rows.name, rows.running)), run(rows, *args))[1])
+    for prompt in ([1, 2, 3, 4], list(range(10, 40))):
+        ids, mask = batch([prompt])
+        autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=70, temperature=0.0)
+    assert len(seen) >= 140 and set(seen) == {(target.name, target.model.n_threads)}

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from exactspec.threads import EXPLORE_EVERY, RECENT, ThreadChoice, size_class, torch_choice
+from exactspec.threads import EXPLORE_EVERY, RECENT, ThreadChoice, size_class
 
 
 def run(choice, seconds_of, units, size=1):
@@ -47,26 +47,19 @@ def test_run_sets_the_count_then_times_per_token_by_size_class():
     assert [size_class(n) for n in (1, 2, 3, 4, 7, 8)] == [1, 2, 2, 3, 3, 4]
 
 
-def test_torch_passes_choose_their_threads_and_leave_torch_as_configured():
-    """A CPU target's passes run on torch's configured count or one, timed per model and
-    configured count; torch's count is as it was after each pass; a model is told apart by
-    the object (its timings go with it), and one thread configured means no choice."""
+def test_every_pass_of_a_torch_target_runs_on_torchs_configured_count():
+    """A seed names one text: no pass of a CPU target is tried on another thread count (a
+    reduction split otherwise can round otherwise), and torch's count is as configured after."""
     from conftest import make_tiny_llama
-    from exactspec.cache import CachedModel
+    from exactspec.engine import autoregressive_generate
 
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        model = make_tiny_llama(0)
-        cached = CachedModel(model, "tiny", model.config.vocab_size)
-        cached.prefill(torch.tensor([[1, 5, 9]]), torch.ones(1, 3, dtype=torch.bool))
-        for _ in range(3):
-            cached.feed(torch.tensor([[4]]))
-            assert torch.get_num_threads() == 2
-        choice = torch_choice(model, torch.get_num_threads())
-        assert {count for count, size in choice.samples if size == 1} == {1, 2}
-        assert choice.counts == (2, 1) and torch_choice(make_tiny_llama(0), 2) is not choice
-        torch.set_num_threads(1)
-        assert torch_choice(model, torch.get_num_threads()) is None
+        model, seen = make_tiny_llama(0), []
+        model.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
+        autoregressive_generate(model, torch.tensor([[1, 5, 9]]), max_new_tokens=80,
+                                temperature=0.0, eos_token_id=[])
+        assert len(seen) == 80 and set(seen) == {2} and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)

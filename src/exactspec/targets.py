@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from exactspec.cache import CachedModel, check_finite
-from exactspec.models.llamacpp import take_rows, torch_on_one_thread, usable_cores
+from exactspec.models.llamacpp import take_rows, torch_on_one_thread
 
 
 def make_target(model, name: str, vocab_size: int, batch_size: int, memory=None):
@@ -47,10 +47,11 @@ class LlamaCppTarget:
     row's cache moved over as it is, and goes back to the model for the next generation when
     the target is freed (`exactspec.models.llamacpp.take_rows`).
 
-    Its decodes run on every core this process may use or on one, whichever the model's
-    `ThreadChoice` finds faster now (`Sequences`); torch runs on one thread during the
-    generation (`threads`), since its share (p from logits, the draws) is small beside the
-    pass and its idle OpenMP workers would spin on the cores llama.cpp needs."""
+    Every decode runs on the model's `n_threads` (all usable cores unless set), the same for
+    every pass of every generation, since a pass's numerics may depend on the thread count and a
+    seed names one text; torch runs on one thread during the generation (`threads`), since its
+    share (p from logits, the draws) is small beside the pass and its idle OpenMP workers would
+    spin on the cores llama.cpp needs."""
 
     padding_fed = 0  # sequences need no padding
     hole_shares = ()  # nor holes
@@ -58,7 +59,7 @@ class LlamaCppTarget:
     def __init__(self, model, name: str, vocab_size: int):
         self.model, self.name, self.vocab_size = model, name, vocab_size
         self.device = torch.device("cpu")
-        self.rows = take_rows(model.llama, self, name, usable_cores(), vocab_size, model.threads)
+        self.rows = take_rows(model.llama, self, name, model.n_threads, vocab_size)
 
     calls = property(lambda self: self.rows.calls)
     tokens_fed = property(lambda self: self.rows.tokens_fed)

@@ -1,23 +1,18 @@
-"""How many threads repeated work of one kind runs on, from what each count delivers now.
+"""How many threads a llama.cpp draft's decodes run on, from what each count delivers now.
 
-On an idle machine a llama.cpp draft decodes fastest on every core it may use; with one other
-busy process on 2 cores its two threads wait for each other at every barrier while one of them
-is descheduled, and one thread is 2-3x faster (measured: 52-62 ms against 22-24 ms a token for
-the bundled model's 4-bit draft). Which holds changes while a process runs, so the choice is
-measured, not configured.
+Beside a busy process on few cores, threads wait at every barrier for a descheduled one, and one
+thread can beat all of them (docs/llamacpp.md: threads). Which holds changes while a process
+runs, so a draft's count is measured, not configured. Only drafts choose: a draft's numerics
+shape q, never which text a greedy or coupled generation writes; a target's thread count is
+fixed for every pass (`LlamaCppModel.n_threads`, torch's configured count).
 """
 from __future__ import annotations
 
 import statistics
 import time
-import weakref
 
 RECENT = 5  # a count's speed is the median of its last few timings
 EXPLORE_EVERY = 16  # every this many units run a count not chosen, to keep its timing current
-# A target's passes try a count other than the fastest one in this many: a tried count runs
-# slower on an idle machine (one thread: about 1.6x a token for a llama.cpp target), so a
-# target, whose passes are the whole cost, tries less often than a draft does.
-TARGET_EXPLORE_EVERY = 64
 
 
 def size_class(tokens: int) -> int:
@@ -76,19 +71,3 @@ class ThreadChoice:
         """The counts timed at `size`, fastest first (by the median of their recent timings)."""
         timed = [n for n in self.counts if self.samples.get((n, size))]
         return sorted(timed, key=lambda n: statistics.median(self.samples[(n, size)]))
-
-
-_TORCH: "weakref.WeakKeyDictionary[object, dict[int, ThreadChoice]]" = weakref.WeakKeyDictionary()
-
-
-def torch_choice(model, configured: int) -> ThreadChoice | None:
-    """The thread choice of a torch model's passes on the CPU: between torch's thread count as
-    configured now and one thread (None when that is already one). It belongs to the model
-    (weakly: freed with it), one per configured count, so a generation starts from the last
-    one's timings and a model loaded later at the same address starts afresh."""
-    if configured < 2:
-        return None
-    choices = _TORCH.setdefault(model, {})
-    if configured not in choices:
-        choices[configured] = ThreadChoice((configured, 1), TARGET_EXPLORE_EVERY)
-    return choices[configured]

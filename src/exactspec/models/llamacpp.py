@@ -21,8 +21,6 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from exactspec.threads import TARGET_EXPLORE_EVERY, ThreadChoice
-
 INSTALL_HINT = ("llama-cpp-python is not installed: pip install 'exactspec[llamacpp]' "
                 "(or `make setup`, which builds it)")
 # llama.cpp aborts the process (no error code) unless n_ctx and n_ubatch are at least n_seq_max.
@@ -128,9 +126,9 @@ class LlamaCppModel:
         self.path = Path(path).expanduser().resolve()
         self.llama = load_gguf(str(self.path))
         self.device = torch.device("cpu")
-        # each decode on every usable core or on one, whichever is faster now (`Sequences`):
-        # the timings belong to this model and outlive its generations' contexts
-        self.threads = ThreadChoice((usable_cores(), 1), TARGET_EXPLORE_EVERY)
+        # every decode of every generation on this many threads: a pass's numerics may depend on
+        # the thread count, and a seed names one text (set it before a generation to change it)
+        self.n_threads = usable_cores()
         self.config = SimpleNamespace(name_or_path=name, max_position_embeddings=self.llama.n_ctx_train(),
                                       vocab_size=self.llama.n_vocab(), eos_token_id=end_tokens(str(self.path)))
 
