@@ -9,8 +9,9 @@ import pytest
 from exactspec import costmodel
 from exactspec.bench.config import (BenchConfig, BenchPrompt, RunSpec, auto_model_spec, default_drafts,
                                     parse_gammas, parse_verify, plan)
+from exactspec.bench.curves import build_costmodel
 from exactspec.bench.plot import plot_costmodel
-from exactspec.bench.report import build_costmodel, write_json
+from exactspec.bench.report import write_json
 from exactspec.bench.run import load_models, run_benchmark
 from exactspec.bench.timing import measure_timings
 from exactspec.cli import main
@@ -234,7 +235,7 @@ def test_speedups_pair_the_runs_of_each_pass():
 def test_gamma_sweep_compares_auto_with_the_best_fixed_gamma():
     """γ = auto against the fastest fixed γ of the same draft and rule, with a paired bootstrap
     interval over the generations: checked on rows made by hand, where the answer is known."""
-    from exactspec.bench.report import SWEEP_MIN_GENERATIONS, gamma_sweep
+    from exactspec.bench.summary import SWEEP_MIN_GENERATIONS, gamma_sweep
 
     def row(gamma, seconds, draft="d", verify="token"):
         n = len(seconds)

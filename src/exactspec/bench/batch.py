@@ -23,7 +23,8 @@ from typing import Callable
 import torch
 
 from exactspec.bench.config import BenchConfig
-from exactspec.bench.report import machine_info, ordered_sources
+from exactspec.bench.machine import machine_info
+from exactspec.bench.report import ordered_sources
 from exactspec.bench.run import load_models
 from exactspec.engine import autoregressive_generate, pad_prompts, speculative_generate
 from exactspec.models import encode_prompt

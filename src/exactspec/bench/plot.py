@@ -1,5 +1,5 @@
 """The measured cost model as a figure: predicted speedup curves against γ, with the measured
-speedups on top. Rows with γ = "auto" or the auto draft have no curve (`report.build_costmodel`)."""
+speedups on top. Rows with γ = "auto" or the auto draft have no curve (`curves.build_costmodel`)."""
 from __future__ import annotations
 
 import os

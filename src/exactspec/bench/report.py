@@ -1,41 +1,21 @@
-"""From runs to a report: one row per configuration and prompt kind, speedups, the measured cost
-model, the machine it ran on, and the JSON file.
+"""From runs to rows: one row per configuration and prompt kind, with speedups, pass@1 and
+validity, and the result's JSON file.
 
 A row is one configuration on one prompt kind: per pass, tokens and seconds are summed over the
 kind's prompts; ``tokens_per_s`` is the median over passes (min and max are kept, to show the
 noise), and a row's speedup over another is the median of their ratios pass by pass
 (`paired_ratio`). The counters come from the first pass: every pass uses the same seeds, so they repeat.
-
-The measured cost model (`build_costmodel`): α from the runs, the target's cost for one token and
-for a block of γ+1 tokens and the draft's cost per token from direct timings of the models'
-forward pass on a KV cache (`exactspec.bench.timing`), then `costmodel.speedup_measured` per γ
-beside the measured speedup, and the γ it recommends. Rows with γ = "auto" or the auto draft
-have no single γ or draft cost: they stay in the rows and the summary, not in the curves.
-
-The summary (`build_summary`), per temperature and prompt kind: exactspec's best prompt-lookup
-row (n-gram or auto draft) against Transformers' best prompt-lookup row, every γ = "auto"
-row against plain decoding, and against the best fixed γ of its draft and rule (`gamma_sweep`,
-with a bootstrap interval over the generations).
+The measured cost model is `bench.curves`, the summary `bench.summary`, the machine `bench.machine`.
 """
 from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
-from pathlib import Path
 
-import numpy as np
-import torch
-
-from exactspec import costmodel
-from exactspec.bench.config import (AUTO, NGRAM, VERIFY_ORDER, BenchConfig, RunSpec,
-                                    is_auto_draft)
+from exactspec.bench.config import BenchConfig, RunSpec
 from exactspec.bench.results import RunResult
 from exactspec.files import atomic_write
-
-
-# --------------------------------------------------------------------------- rows
 
 
 def _median(values: list[float]) -> float | None:
@@ -43,7 +23,8 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den; None when either is missing or den is 0."""
     return num / den if num is not None and den else None
 
 
@@ -51,7 +32,7 @@ def alpha_estimate(accepted: int, corrections: int) -> float | None:
     """α per verified position: accepted / (accepted + rejected), where each correction marks the
     one rejection that ends its round (the maximum-likelihood α of the cost model's constant,
     independent acceptance, whatever the proposal lengths)."""
-    return _ratio(accepted, accepted + corrections) if accepted + corrections else None
+    return ratio(accepted, accepted + corrections) if accepted + corrections else None
 
 
 def decode_rate(pass_: list[RunResult]) -> float | None:
@@ -94,17 +75,17 @@ def summarize(spec: RunSpec, kind: str, runs: list[list[RunResult]], config: Ben
     if all(r.stats is not None for r in first):
         for name in counters:
             row[name] = sum(getattr(r.stats, name) for r in first)
-        row["acceptance_rate"] = _ratio(row["accepted_drafts"], row["drafted_tokens"])
+        row["acceptance_rate"] = ratio(row["accepted_drafts"], row["drafted_tokens"])
         row["alpha"] = alpha_estimate(row["accepted_drafts"], row["corrections"])
-        row["tokens_per_round"] = _ratio(row["output_tokens"], row["rounds"])
-        row["ms_per_round"] = _ratio(1e3 * row["wall_seconds"], row["rounds"])
+        row["tokens_per_round"] = ratio(row["output_tokens"], row["rounds"])
+        row["ms_per_round"] = ratio(1e3 * row["wall_seconds"], row["rounds"])
     else:
         for name in (*counters, "acceptance_rate", "alpha", "tokens_per_round", "ms_per_round"):
             row[name] = None
         if all(r.peer_stats is not None for r in first):  # llama-server: drafts, not rounds
             row["accepted_drafts"] = sum(r.peer_stats["accepted_drafts"] for r in first)
             row["drafted_tokens"] = sum(r.peer_stats["drafted_tokens"] for r in first)
-            row["acceptance_rate"] = _ratio(row["accepted_drafts"], row["drafted_tokens"])
+            row["acceptance_rate"] = ratio(row["accepted_drafts"], row["drafted_tokens"])
     row.update(_sources(first))
     row.update(_constraint_costs(first))
     row["speedup_vs_autoregressive"] = None
@@ -135,7 +116,7 @@ def _sources(runs: list[RunResult]) -> dict:
     by_source = ordered_sources(by_source)
     drafting = sum(n for source, n in by_source.items() if source != "plain")
     drafted = sum(r.stats.drafted_tokens for r in runs)
-    return {"rounds_by_source": by_source, "mean_gamma": _ratio(drafted, drafting)}
+    return {"rounds_by_source": by_source, "mean_gamma": ratio(drafted, drafting)}
 
 
 def _constraint_costs(runs: list[RunResult]) -> dict:
@@ -182,8 +163,8 @@ def paired_ratio(row: dict | None, base: dict | None, name: str = "tokens_per_s"
         return None
     mine, theirs = row.get(f"pass_{name}"), base.get(f"pass_{name}")
     if not mine or not theirs or len(mine) != len(theirs):
-        return _ratio(row[name], base[name])
-    return _median([_ratio(a, b) if a is not None else None for a, b in zip(mine, theirs)])
+        return ratio(row[name], base[name])
+    return _median([ratio(a, b) if a is not None else None for a, b in zip(mine, theirs)])
 
 
 def add_speedups(rows: list[dict]) -> None:
@@ -236,247 +217,6 @@ def add_pass_at_1(rows: list[dict], results: dict, config: BenchConfig, tokenize
         row["pass_at_1_minus_plain"] = (humaneval.difference_interval(
             (sum(got), len(got)), (sum(base), len(base))) if base else None)
 
-
-# --------------------------------------------------------------------------- cost model
-
-
-def _target_seconds(timings: dict) -> dict[int, float]:
-    return {item["tokens"]: item["seconds"] for item in timings["target"]}
-
-
-def build_costmodel(rows: list[dict], timings: dict, curve_max_gamma: int) -> dict:
-    """The reference's speedup-against-γ figure, from measurements. For each (temperature,
-    prompt kind, draft): α from the speculative rows (token verification where present, pooled
-    over γ: the cost model's E[N] is the token rule's), c = t_draft / t_target(1), and for
-    γ = 1..curve_max_gamma the predicted speedup
-    `costmodel.speedup_measured(α, γ, t_target(1), t_target(γ+1), t_draft)` beside the measured
-    speedups (token and block verification) where γ was benchmarked. The cost model has no
-    prefill term: `measured_over_predicted_*` compares it with the decode-phase speedup (after
-    each method's first emission, `decode_rate`); the end-to-end speedup is kept beside it."""
-    t_target = _target_seconds(timings)
-    t_1 = t_target[1]
-    curves = []
-    groups = {}
-    for r in rows:
-        if r["method"] == "speculative" and r["gamma"] != AUTO and not is_auto_draft(r["draft"]):
-            groups.setdefault((r["temperature"], r["prompts"], r["draft"]), []).append(r)
-    for (temperature, kind, draft), group in groups.items():
-        source = "token" if any(r["verify"] == "token" for r in group) else "block"
-        used = [r for r in group if r["verify"] == source]
-        accepted = sum(r["accepted_drafts"] for r in used)
-        corrections = sum(r["corrections"] for r in used)
-        alpha = alpha_estimate(accepted, corrections)
-        t_draft = timings["drafts"][draft]["seconds_per_token"]
-        measured = {(r["gamma"], r["verify"]): r for r in group}
-        points = []
-        for gamma in range(1, curve_max_gamma + 1):
-            if gamma + 1 not in t_target:
-                break
-            point = {"gamma": gamma, "expected_tokens": None, "predicted_speedup": None,
-                     "predicted_ms_per_round": 1e3 * (gamma * t_draft + t_target[gamma + 1])}
-            if alpha is not None:
-                point["expected_tokens"] = costmodel.expected_tokens(alpha, gamma)
-                point["predicted_speedup"] = costmodel.speedup_measured(
-                    alpha, gamma, t_1, t_target[gamma + 1], t_draft)
-            for verify in VERIFY_ORDER:
-                r = measured.get((gamma, verify))
-                point[f"measured_speedup_{verify}"] = r["speedup_vs_autoregressive"] if r else None
-                point[f"measured_decode_speedup_{verify}"] = (
-                    r["decode_speedup_vs_autoregressive"] if r else None)
-                point[f"measured_tokens_per_round_{verify}"] = r["tokens_per_round"] if r else None
-                point[f"measured_ms_per_round_{verify}"] = r["ms_per_round"] if r else None
-                point[f"measured_over_predicted_{verify}"] = _ratio(
-                    point[f"measured_decode_speedup_{verify}"], point["predicted_speedup"])
-            points.append(point)
-        scored = [p for p in points if p["predicted_speedup"] is not None]
-        best = max(scored, key=lambda p: (p["predicted_speedup"], -p["gamma"])) if scored else None
-        curves.append({
-            "temperature": temperature, "prompts": kind, "draft": draft, "alpha": alpha,
-            "alpha_from": source, "verified_positions": accepted + corrections,
-            "t_target_1": t_1, "t_draft": t_draft, "c": t_draft / t_1,
-            "best_gamma": best["gamma"] if best else None,
-            "best_predicted_speedup": best["predicted_speedup"] if best else None,
-            "points": points,
-        })
-    return {"timings": timings, "curves": curves}
-
-
-# --------------------------------------------------------------------------- summary
-
-
-def _brief(row: dict | None) -> dict | None:
-    keys = ("method", "draft", "gamma", "verify", "tokens_per_s", "speedup_vs_autoregressive")
-    return {key: row[key] for key in keys} if row else None
-
-
-def _fastest(rows: list[dict]) -> dict | None:
-    rated = [r for r in rows if r["tokens_per_s"] is not None]
-    return max(rated, key=lambda r: r["tokens_per_s"]) if rated else None
-
-
-def build_summary(rows: list[dict]) -> list[dict]:
-    """Per (temperature, prompt kind): `best_lookup`, exactspec's fastest speculative row with the
-    n-gram or an auto draft; `best_hf_lookup`, the fastest hf_assisted prompt-lookup row;
-    `lookup_over_hf_lookup`, the ratio of their tokens/s; `gamma_auto`, every speculative row
-    with γ = "auto" (its draft, rule, tokens/s, speedup over autoregressive and mean γ);
-    `gamma_sweep`, γ = "auto" against the best fixed γ (`gamma_sweep`)."""
-    out = []
-    for temperature, kind in dict.fromkeys((r["temperature"], r["prompts"]) for r in rows):
-        group = [r for r in rows if (r["temperature"], r["prompts"]) == (temperature, kind)]
-        ours = _fastest([r for r in group if r["method"] == "speculative"
-                         and (r["draft"] == NGRAM or is_auto_draft(r["draft"]))])
-        peer = _fastest([r for r in group if r["method"] == "hf_assisted" and r["draft"] == NGRAM])
-        out.append({
-            "temperature": temperature, "prompts": kind,
-            "best_lookup": _brief(ours), "best_hf_lookup": _brief(peer),
-            "lookup_over_hf_lookup": paired_ratio(ours, peer),
-            "gamma_auto": [{**_brief(r), "mean_gamma": r["mean_gamma"]} for r in group
-                           if r["method"] == "speculative" and r["gamma"] == AUTO],
-            "gamma_sweep": gamma_sweep(group),
-            "peers": peer_summary(group),
-        })
-    return out
-
-
-def _is_model_draft(draft: str | None) -> bool:
-    """A model draft run in PyTorch (not prompt lookup, the auto draft or llama.cpp)."""
-    from exactspec.drafters import is_llamacpp_spec
-
-    return bool(draft) and draft != NGRAM and not is_auto_draft(draft) and not is_llamacpp_spec(draft)
-
-
-def peer_summary(group: list[dict]) -> dict:
-    """exactspec's fastest speculative row against the peers of one (temperature, prompt kind):
-    plain PyTorch decoding, Transformers' fastest assisted generation with a model draft, with
-    each PyTorch model draft exactspec's fastest row against Transformers' fastest with that
-    same draft, and llama.cpp plain and its server's fastest row."""
-    best = _fastest([r for r in group if r["method"] == "speculative"])
-    hf = _fastest([r for r in group if r["method"] == "hf_assisted" and _is_model_draft(r["draft"])])
-    plain = next((r for r in group if r["method"] == "autoregressive"), None)
-    llama = next((r for r in group if r["method"] == "llamacpp"), None)
-    server = _fastest([r for r in group if r["method"] == "llama_server"])
-    same = []
-    for draft in dict.fromkeys(r["draft"] for r in group if _is_model_draft(r["draft"])):
-        ours = _fastest([r for r in group if r["method"] == "speculative" and r["draft"] == draft])
-        theirs = _fastest([r for r in group if r["method"] == "hf_assisted" and r["draft"] == draft])
-        if ours and theirs:
-            same.append({"draft": draft, "ours": _brief(ours), "hf_assisted": _brief(theirs),
-                         "ratio": paired_ratio(ours, theirs)})
-    return {"best": _brief(best), "over_autoregressive": paired_ratio(best, plain),
-            "best_hf_assisted": _brief(hf), "over_hf_assisted": paired_ratio(best, hf),
-            "same_draft": same, "llamacpp": _brief(llama), "over_llamacpp": paired_ratio(best, llama),
-            "best_llama_server": _brief(server), "over_llama_server": paired_ratio(best, server),
-            "pass_at_1": [{**_brief(r), "pass_at_1": r["pass_at_1"],
-                           "minus_plain": r["pass_at_1_minus_plain"]}
-                          for r in group if r["method"] == "speculative" and r.get("pass_at_1") is not None]}
-
-
-SWEEP_RESAMPLES = 2000  # bootstrap resamples of the generations
-SWEEP_MIN_GENERATIONS = 10  # fewer have too few distinct resamples for an interval
-
-
-def gamma_sweep(group: list[dict]) -> list[dict]:
-    """Per (draft, rule) of one temperature and prompt kind with a γ = "auto" row and two or more
-    fixed-γ rows: the fastest fixed γ (`best_gamma`, its tokens/s), the auto row's tokens/s and
-    mean γ, `auto_over_best` (their ratio) and its 90 % `interval`: a bootstrap over the
-    generations (prompt and seed), the same ones drawn for both rows, each generation's seconds
-    the median over passes. At T > 0 each row samples its own texts, and what a text lets the
-    draft keep varies more than the timings do: the interval says whether the generations were
-    enough to tell the two apart (None with fewer than SWEEP_MIN_GENERATIONS)."""
-    out = []
-    for draft, verify in dict.fromkeys((r["draft"], r["verify"]) for r in group
-                                       if r["method"] == "speculative"):
-        rows = [r for r in group if r["method"] == "speculative"
-                and (r["draft"], r["verify"]) == (draft, verify)]
-        auto = next((r for r in rows if r["gamma"] == AUTO), None)
-        fixed = [r for r in rows if r["gamma"] != AUTO]
-        if auto is None or len(fixed) < 2:
-            continue
-        best = _fastest(fixed)
-        out.append({"draft": draft, "verify": verify, "best_gamma": best["gamma"],
-                    "best_tokens_per_s": best["tokens_per_s"],
-                    "auto_tokens_per_s": auto["tokens_per_s"], "auto_mean_gamma": auto["mean_gamma"],
-                    "auto_over_best": paired_ratio(auto, best),
-                    "generations": len(auto["generation_seconds"]),
-                    "interval": _paired_interval(auto, best)})
-    return out
-
-
-def _paired_interval(row: dict, other: dict, level: float = 0.9) -> list[float] | None:
-    """The `level` bootstrap interval (percentile) of row's tokens/s over other's, resampling
-    generation indices (paired: the same for both, so a prompt's generations pair up)."""
-    from scipy.stats import bootstrap  # scipy loads only when a sweep is summarized
-
-    def ratio(tokens, seconds, other_tokens, other_seconds, axis=-1):
-        return (tokens.sum(axis) / seconds.sum(axis)) / (other_tokens.sum(axis) / other_seconds.sum(axis))
-
-    data = [np.array(r[key], dtype=float) for r in (row, other)
-            for key in ("generation_tokens", "generation_seconds")]  # 4 × [n]
-    if data[0].size < SWEEP_MIN_GENERATIONS:
-        return None
-    interval = bootstrap(data, ratio, paired=True, vectorized=True, n_resamples=SWEEP_RESAMPLES,
-                         confidence_level=level, method="percentile",
-                         rng=np.random.default_rng(0)).confidence_interval
-    return [float(interval.low), float(interval.high)]
-
-
-# --------------------------------------------------------------------------- machine
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info(device: torch.device) -> dict:
-    import transformers
-
-    info = {
-        "cpu_model": _cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "cpu_cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model(),
-        "load_average_start": load_average(),
-        "exactspec_git": _git_state(),
-    }
-    return info
-
-
-def _git_state() -> str | None:
-    """The source tree's commit (with "+dirty" for uncommitted changes in the package), when it
-    is a git checkout: a benchmark is only comparable with runs of the same engine."""
-    import subprocess
-
-    package = Path(__file__).resolve().parents[1]  # src/exactspec
-    try:
-        commit = subprocess.run(["git", "-C", str(package), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=5)
-        if commit.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(package), "status", "--porcelain", "--", "."],
-                               capture_output=True, text=True, timeout=5)
-        return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
 
 
 # --------------------------------------------------------------------------- output

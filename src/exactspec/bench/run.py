@@ -12,8 +12,8 @@ accepted drafts separately from output tokens):
 - prompt i is always run with seed ``seed + i`` (and with ``--seeds N``, also ``seed + i + P``, ...,
   P prompts: at T > 0 a speedup depends on the text sampled, and one seed is one text): all runs
   of a configuration use the same seeds;
-- one generation is measured as `exactspec.bench.runners` says; rows and the measured cost model
-  are made as `exactspec.bench.report` says.
+- one generation is measured as `exactspec.bench.runners` says; rows as `exactspec.bench.report`
+  says, the measured cost model as `exactspec.bench.curves` says.
 """
 from __future__ import annotations
 
@@ -28,10 +28,12 @@ import torch
 from exactspec.bench.config import (CURVE_MIN_GAMMA, LLAMA_METHODS, NGRAM, WARMUP_TOKENS,
                                     BenchConfig, RunSpec, auto_model_spec, fixed_gammas,
                                     is_auto_draft, plan)
-from exactspec.bench.report import (add_pass_at_1, add_speedups, add_validity, build_costmodel,
-                                    build_summary, load_average, machine_info, summarize)
+from exactspec.bench.curves import build_costmodel
+from exactspec.bench.machine import load_average, machine_info
+from exactspec.bench.report import add_pass_at_1, add_speedups, add_validity, summarize
 from exactspec.bench.results import RunResult
 from exactspec.bench.runners import Runner
+from exactspec.bench.summary import build_summary
 from exactspec.bench.timing import context_from_prompts, measure_timings
 from exactspec.models import encode_prompt
 
@@ -148,54 +150,12 @@ def _run(config, target, drafts, llama, timings, log, started) -> dict:
     runner = Runner(target, drafts, config, llama)
     machine = machine_info(runner.device)
     prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start) for p in config.prompts]
-    kinds = list(dict.fromkeys(p.kind for p in config.prompts))
     specs = plan(config)
     if llama is not None and llama.server is None:
         specs = [spec for spec in specs if spec.method != "llama_server"]
-
-    # warm-up: every configuration, untimed, on the first prompt
-    warm_tokens = min(config.max_new_tokens, WARMUP_TOKENS)
-    for i in range(config.warmup):
-        log(f"warm-up {i + 1}/{config.warmup}: {len(specs)} configurations, "
-            f"{warm_tokens} tokens each ...")
-        for spec in specs:
-            runner.run(spec, prompt_ids[0], config.seed, warm_tokens, config.prompts[0].constraint)
-
-    # timed passes, configurations interleaved per prompt: results[spec][pass][prompt]
-    results: dict[RunSpec, list[list[RunResult]]] = {spec: [] for spec in specs}
-    jobs = config.jobs()
-    for rep in range(config.repeats):
-        pass_start = time.perf_counter()
-        runs: dict[RunSpec, list[RunResult]] = {spec: [] for spec in specs}
-        for j, (i, seed) in enumerate(jobs):
-            for spec in _order(specs, rep + j):
-                runs[spec].append(runner.run(spec, prompt_ids[i], seed, config.max_new_tokens,
-                                             config.prompts[i].constraint))
-            log(f"[pass {rep + 1}/{config.repeats}] prompt {j + 1}/{len(jobs)} done "
-                f"({time.perf_counter() - pass_start:.0f} s)")
-        for n, spec in enumerate(specs, start=1):
-            own = runs[spec]
-            results[spec].append(own)
-            tokens, wall = sum(len(r.tokens) for r in own), sum(r.wall_seconds for r in own)
-            log(f"[pass {rep + 1}/{config.repeats}, {n}/{len(specs)}] {spec.label}: "
-                f"{tokens / wall:.1f} tokens/s ({wall:.1f} s)")
-        log(f"pass {rep + 1}/{config.repeats} took {time.perf_counter() - pass_start:.0f} s")
-
-    rows = []
-    for spec in specs:
-        for kind in kinds:
-            index = [n for n, (i, _) in enumerate(jobs) if config.prompts[i].kind == kind]
-            runs = [[pass_[i] for i in index] for pass_ in results[spec]]
-            row = summarize(spec, kind, runs, config, runner.peer_settings(spec))
-            if spec.temperature == 0 or spec.verify == "coupled":
-                # the coupled rule's texts are plain decoding's with the same seed at any T;
-                # llama.cpp's rows against its own plain decoding in the same runtime (its server's
-                # numerics are not llama-cpp-python's, nor PyTorch's)
-                plain = spec.method if spec.method in LLAMA_METHODS else "autoregressive"
-                reference = results[RunSpec(plain, spec.temperature)][0]
-                row["matches_autoregressive"] = all(
-                    pass_[i].tokens == reference[i].tokens for pass_ in results[spec] for i in index)
-            rows.append(row)
+    _warm_up(runner, specs, prompt_ids, config, log)
+    results = _timed_passes(runner, specs, prompt_ids, config, log)
+    rows = _rows(runner, specs, results, config)
     add_speedups(rows)
     if any(p.problem for p in config.prompts):
         log("checking completions against their problems' tests ...")
@@ -218,3 +178,60 @@ def _run(config, target, drafts, llama, timings, log, started) -> dict:
         "costmodel": build_costmodel(rows, timings, curve_max),
         "elapsed_seconds": time.perf_counter() - started,
     }
+
+
+def _warm_up(runner: Runner, specs: list, prompt_ids: list, config: BenchConfig, log) -> None:
+    """Every configuration, untimed, on the first prompt, `config.warmup` times."""
+    warm_tokens = min(config.max_new_tokens, WARMUP_TOKENS)
+    for i in range(config.warmup):
+        log(f"warm-up {i + 1}/{config.warmup}: {len(specs)} configurations, "
+            f"{warm_tokens} tokens each ...")
+        for spec in specs:
+            runner.run(spec, prompt_ids[0], config.seed, warm_tokens, config.prompts[0].constraint)
+
+
+def _timed_passes(runner: Runner, specs: list, prompt_ids: list, config: BenchConfig,
+                  log) -> dict[RunSpec, list[list[RunResult]]]:
+    """The timed passes, configurations interleaved per prompt: results[spec][pass][prompt]."""
+    results: dict[RunSpec, list[list[RunResult]]] = {spec: [] for spec in specs}
+    jobs = config.jobs()
+    for rep in range(config.repeats):
+        pass_start = time.perf_counter()
+        runs: dict[RunSpec, list[RunResult]] = {spec: [] for spec in specs}
+        for j, (i, seed) in enumerate(jobs):
+            for spec in _order(specs, rep + j):
+                runs[spec].append(runner.run(spec, prompt_ids[i], seed, config.max_new_tokens,
+                                             config.prompts[i].constraint))
+            log(f"[pass {rep + 1}/{config.repeats}] prompt {j + 1}/{len(jobs)} done "
+                f"({time.perf_counter() - pass_start:.0f} s)")
+        for n, spec in enumerate(specs, start=1):
+            own = runs[spec]
+            results[spec].append(own)
+            tokens, wall = sum(len(r.tokens) for r in own), sum(r.wall_seconds for r in own)
+            log(f"[pass {rep + 1}/{config.repeats}, {n}/{len(specs)}] {spec.label}: "
+                f"{tokens / wall:.1f} tokens/s ({wall:.1f} s)")
+        log(f"pass {rep + 1}/{config.repeats} took {time.perf_counter() - pass_start:.0f} s")
+    return results
+
+
+def _rows(runner: Runner, specs: list, results: dict, config: BenchConfig) -> list[dict]:
+    """One row per configuration and prompt kind (`summarize`), with whether its texts are plain
+    decoding's where they must be (T = 0, or the coupled rule)."""
+    kinds = list(dict.fromkeys(p.kind for p in config.prompts))
+    jobs = config.jobs()
+    rows = []
+    for spec in specs:
+        for kind in kinds:
+            index = [n for n, (i, _) in enumerate(jobs) if config.prompts[i].kind == kind]
+            runs = [[pass_[i] for i in index] for pass_ in results[spec]]
+            row = summarize(spec, kind, runs, config, runner.peer_settings(spec))
+            if spec.temperature == 0 or spec.verify == "coupled":
+                # the coupled rule's texts are plain decoding's with the same seed at any T;
+                # llama.cpp's rows against its own plain decoding in the same runtime (its server's
+                # numerics are not llama-cpp-python's, nor PyTorch's)
+                plain = spec.method if spec.method in LLAMA_METHODS else "autoregressive"
+                reference = results[RunSpec(plain, spec.temperature)][0]
+                row["matches_autoregressive"] = all(
+                    pass_[i].tokens == reference[i].tokens for pass_ in results[spec] for i in index)
+            rows.append(row)
+    return rows

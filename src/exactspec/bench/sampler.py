@@ -1,8 +1,8 @@
 """Time `verify_block` for one row: `python -m exactspec.bench.sampler [--vocab 49152 --gamma 4]`.
 
 Reports the median over many calls, after a warm-up, for both verification rules, with q given
-and with a point-mass draft (q None); for scale, the target's forward pass on the bundled model
-takes ~40 ms on a 2-core CPU.
+and with a point-mass draft (q None); for scale, set it beside the target's forward pass
+(docs/design.md, "Moved from comments").
 """
 from __future__ import annotations
 
