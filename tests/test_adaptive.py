@@ -13,17 +13,17 @@ from test_decoding import NGRAM_PROMPT, PROMPTS, hf_greedy, ids, target_joint
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-class ScriptedController:
+class ScriptedController(es.Controller):
     """A past-only controller that varies γ a lot: γ = 1 in the first round, then 0 after a round
     that kept all its drafts and 2 after one that did not."""
 
     def __init__(self):
         self.next = 1
 
-    def choose(self, source: str) -> int:
+    def choose(self, source: str, **situation) -> int:
         return self.next
 
-    def observe(self, source, drafted, num_accepted, *timings) -> None:
+    def observe(self, source, drafted, num_accepted, *timings, free=0) -> None:
         self.next = 0 if drafted and bool((num_accepted == drafted).all()) else 2
 
 
@@ -35,12 +35,12 @@ class DroppingController(ScriptedController):
         super().__init__()
         self.rounds = 0
 
-    def min_drafts(self, source: str, gamma: int) -> int:
+    def min_drafts(self, source: str, gamma: int, free: int = 0) -> int:
         self.rounds += 1
         return gamma + 1 if self.rounds % 2 else 0
 
 
-class PeekingDrafter:
+class PeekingDrafter(es.Drafter):
     """Deliberately wrong: it cuts its own proposal to nothing whenever the target would give the
     first draft less probability than the draft did (p(x_1) < q(x_1)). The cut depends on the
     target's scores of the current round, which the past-only rule forbids."""

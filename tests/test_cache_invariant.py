@@ -87,7 +87,7 @@ def history(row) -> list[int]:
     return list(row.tokens) if hasattr(row, "tokens") else row.tolist()
 
 
-class CheckedDrafter:
+class CheckedDrafter(es.Drafter):
     """The drafter under test, checking the cache invariant after every commit and select.
 
     It keeps its own record of each row's committed tokens: the prompt, then per round the kept
@@ -97,8 +97,24 @@ class CheckedDrafter:
         self.inner, self.target_model, self.log = inner, target_model, log
         self.checks = self.selects = self.rejections = 0
 
-    def __getattr__(self, name):  # counters, name, and any member the protocol grows
+    def __getattr__(self, name):  # the inner drafter's own members (`pending`, `rows`, ...)
         return getattr(self.inner, name)
+
+    def next_source(self):
+        return self.inner.next_source()
+
+    def lag(self):
+        return self.inner.lag()
+
+    def free(self):
+        return self.inner.free()
+
+    def evidence(self):
+        return self.inner.evidence()
+
+    @property
+    def catch_up(self):
+        return self.inner.catch_up
 
     @property
     def calls(self):

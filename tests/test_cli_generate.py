@@ -118,3 +118,23 @@ def test_the_demo_says_why_a_run_lost_by_where_its_rounds_went():
     assert stepped_aside.endswith("(rounds: plain 31, model 3)")
     assert drafted == ("lost 10%: the drafting rounds made 4.23 tokens per target pass but cost "
                        "more than the plain steps they replaced (rounds: model 11, plain 1)")
+
+
+def test_generate_trace_writes_one_line_per_round_with_its_reason(tiny_folders, capsys, tmp_path):
+    """--trace FILE: one JSON line a round; its drafts and kept drafts add up to the stats, and
+    every round says why its γ was chosen (a plain round too)."""
+    target, draft = tiny_folders
+    trace = tmp_path / "trace.jsonl"
+    code, out, _ = run(capsys, "generate", "w3 w7 w3 w7 w3 w7", "--target", target, "--draft", draft,
+                       "--max-new-tokens", "24", "--seed", "1", "--no-chat", "--json", "--trace", str(trace))
+    stats = json.loads(out)["stats"]
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert code == 0 and len(lines) == stats["rounds"] and [line["round"] for line in lines] == \
+        list(range(1, len(lines) + 1))
+    assert sum(line["drafted"] for line in lines) == stats["drafted_tokens"]
+    assert sum(line["kept"] for line in lines) == stats["accepted_drafts"]
+    assert all(line["reason"] and line["pass_seconds"] > 0 for line in lines)
+    assert {line["source"] for line in lines if line["drafted"] == 0} <= {"plain"}
+    assert lines[0]["reason"].startswith("first round of")
+    code, _, err = run(capsys, "generate", "w3", "--target", target, "--trace", str(tmp_path / "no" / "t"))
+    assert code == 2 and "error: --trace: " in err.strip().splitlines()[-1]

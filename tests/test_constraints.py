@@ -451,14 +451,11 @@ def test_grammar_chain_drafts_forced_tokens_then_lookup():
     assert matchers.allowed(None, 1)[0, 0].nonzero().flatten().tolist() == [ID['{"']]  # rolled back
 
 
-class NoDrafting:
+class NoDrafting(es.Controller):
     """A γ controller that never drafts: every round it chooses is a plain step."""
 
-    def choose(self, source):
+    def choose(self, source, **situation):
         return 0
-
-    def observe(self, *round_facts):
-        pass
 
 
 def test_grammar_rounds_draft_every_forced_token_even_at_gamma_0():

@@ -26,7 +26,8 @@ _NAMES = {  # public name → the module that defines it
     "DecodeStats": "exactspec.engine", "GenerateOutput": "exactspec.engine",
     "autoregressive_generate": "exactspec.engine", "speculative_generate": "exactspec.engine",
     "ModelDrafter": "exactspec.drafters", "NGramDrafter": "exactspec.drafters",
-    "make_drafter": "exactspec.drafters",
+    "make_drafter": "exactspec.drafters", "Drafter": "exactspec.drafters",
+    "Controller": "exactspec.controller", "GammaController": "exactspec.controller",
     "LoadedModel": "exactspec.models", "check_compatible": "exactspec.models",
     "load_model": "exactspec.models", "Constraint": "exactspec.constraints",
 }

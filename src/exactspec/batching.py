@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.constraints import Constraint
-from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
+from exactspec.controller import AUTO, MAX_GAMMA, GammaController
 from exactspec.drafters.base import NoDraft
 from exactspec.drafters.grammar import GrammarDrafter
 from exactspec.noise import RowNoise, mix, row_seed
@@ -182,15 +182,13 @@ class ContinuousBatching:
 
         if self.per_row is None or self.rounds == 0 or self.done:
             raise RuntimeError("join needs a running per-row Decoder after its first round")
-        if not hasattr(self.drafter, "join"):
-            raise ValueError(f"drafter {self.drafter.name!r} cannot take rows joining a batch")
         ids, valid = (t.to(self.lm.device) for t in left_pad(input_ids, attention_mask))
         settings = list(settings)
         if len(settings) != ids.size(0):
             raise ValueError(f"settings must give one RowSettings per new row ({ids.size(0)}), "
                              f"got {len(settings)}")
+        self.drafter.join(ids, valid)  # first: a drafter that cannot take rows raises ValueError
         self.lm.join(ids[:, :-1], valid[:, :-1])
-        self.drafter.join(ids, valid)
         self.last = torch.cat([self.last, ids[:, -1]])  # [B + n]
         self.prompt_lengths += valid.sum(dim=1).tolist()
         first = len(self.rows.new)
@@ -313,7 +311,7 @@ class AutoGamma:
                 self.since_drafting.get(key, 0.0) * PROBE_SHARE < self.extra_cost.get(key, 0.0)):
             gamma = 0  # drafting has not paid lately, and its next try is not due yet
         report = decoder.step(gamma)
-        observe_round(controller, source, report, per_row.drafted)
+        controller.observe_round(source, report, per_row.drafted)
         seconds = report.draft_seconds + report.target_seconds
         for name in self.since_drafting.keys() | {key}:
             self.since_drafting[name] = self.since_drafting.get(name, 0.0) + seconds

@@ -26,7 +26,6 @@ from transformers import DynamicCache
 
 from exactspec.kernels import faster_products
 from exactspec.models.loaded import Memory, input_device
-from exactspec.threads import torch_choice
 
 
 def _cache_argument(model: torch.nn.Module) -> str:
@@ -103,33 +102,17 @@ class CachedModel:
     def _run(self, tokens: torch.Tensor, valid: torch.Tensor, **kwargs):
         positions = self.kept.unsqueeze(1) + valid.long().cumsum(dim=1) - 1  # [B, n]
         self.valid = torch.cat([self.valid, valid], dim=1)  # [B, T + n]
-        output = self._forward(lambda: self.runner(
+        # One thread count for every pass (torch's, as configured): a reduction split another
+        # way can round differently, and a seed names one text. `runner` holds the faster products.
+        output = self.runner(
             input_ids=tokens, attention_mask=self.valid.long(), position_ids=positions.clamp(min=0),
-            use_cache=True, **{self._cache_arg: self.cache}, **kwargs), tokens.numel())
+            use_cache=True, **{self._cache_arg: self.cache}, **kwargs)
         self.cache = getattr(output, self._cache_arg, None) or getattr(output, "past_key_values")
         self.calls += 1
         kept = int(valid.sum())
         self.tokens_fed += kept
         self.padding_fed += valid.numel() - kept
         return output, positions
-
-    def _forward(self, work, tokens: int):
-        """work() (a pass over `tokens` token slots) on the CPU on the thread count that is
-        faster now (`threads.torch_choice`: torch's configured count or one; beside a busy
-        process torch's workers wait for a descheduled one at every operation), torch's own
-        count set back after it. On an idle machine the configured count wins and one thread is
-        tried once in TARGET_EXPLORE_EVERY passes (`docs/design.md`: threads). On the CPU its
-        linear layers run as the faster of two products (`self.runner`)."""
-        if self.device.type != "cpu":
-            return work()
-        configured = torch.get_num_threads()
-        choice = torch_choice(self.model, configured)
-        if choice is None:
-            return work()
-        try:
-            return choice.run(tokens, torch.set_num_threads, work)
-        finally:
-            torch.set_num_threads(configured)
 
     def discard_last(self, counts: torch.Tensor) -> None:
         """Make the last counts[b] columns of row b holes (drafts scored under a prefix that was

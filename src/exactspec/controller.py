@@ -24,8 +24,40 @@ _GUARD_ROUNDS = 4  # drafting rounds of a source in a generation before the guar
 _PLAIN_SAMPLES = 3  # T(1) is timed this many times at a batch size before rounds are priced there
 
 
+class Controller:
+    """What the round loop needs from a γ policy; subclass it for your own. Before each round
+    `choose` returns γ from finished rounds only (the past-only rule keeps the output exact);
+    `min_drafts` the fewest drafts worth the target's pass (a shorter proposal is dropped for a
+    plain step); after it `observe_round` learns from the round. `reason` says, in words, why
+    the last γ was chosen (the trace's `reason`)."""
+
+    reason: str = ""
+
+    def choose(self, source: str, *, rows: int = 1, lag: int = 0, tokens_left: int | None = None,
+               free: int = 0) -> int:
+        """The γ for the next round of `rows` rows when `source` drafts it (`GammaController`)."""
+        raise NotImplementedError(f"{type(self).__name__} must define choose(source, **situation)")
+
+    def min_drafts(self, source: str, gamma: int, free: int = 0) -> int:
+        """The fewest drafts worth a pass: 0, any proposal is verified."""
+        return 0
+
+    def observe(self, source: str, drafted: int | list[int], num_accepted, target_tokens: int,
+                draft_seconds: float | None, target_seconds: float, draft_calls: int = 0,
+                free: int = 0) -> None:
+        """Learn from one finished round (`GammaController.observe`): nothing, by default."""
+
+    def observe_round(self, source: str, report, drafted=None) -> None:
+        """Learn from a finished round, `exactspec.engine.Round` (drafted: each row's drafts, when
+        rows differ)."""
+        draft_seconds, draft_calls = report.draft_cost()
+        self.observe(source, report.drafted if drafted is None else drafted, report.num_accepted,
+                     report.target_tokens, draft_seconds, report.target_seconds, draft_calls,
+                     free=report.free)
+
+
 @dataclass
-class GammaController:
+class GammaController(Controller):
     """Chooses γ per round from past timings and acceptances (docs/design.md: moved from comments).
 
     It keeps T(k) per k and batch size, the draft's seconds per token per source and batch size,
@@ -47,6 +79,7 @@ class GammaController:
     # this generation's drafting rounds per source: (tokens per row, seconds), for the guard
     delivered: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     _priced: dict | None = field(default=None, repr=False)  # estimates made while `_pricing`
+    reason: str = ""  # why `choose` chose its last γ, in words (the trace's `reason`)
 
     @classmethod
     def shared(cls, memory: Memory, drafter_name: str) -> GammaController:
@@ -182,7 +215,16 @@ class GammaController:
         if tokens > 0:
             record(self.catch_up, source, seconds / tokens)
 
-    def choose(self, source: str, rows: int = 1, lag: int = 0, tokens_left: int | None = None,
+    def observe_round(self, source: str, report, drafted=None) -> None:
+        """Learn from a finished round (`Controller.observe_round`), and from the drafter's scores
+        of itself and the draft's catch-up."""
+        if report.evidence:
+            self.observe_evidence(report.evidence)
+        super().observe_round(source, report, drafted)
+        if report.catch_up[1]:
+            self.observe_catch_up(source, report.catch_up[0], report.lag)
+
+    def choose(self, source: str, *, rows: int = 1, lag: int = 0, tokens_left: int | None = None,
                free: int = 0) -> int:
         """The γ for the next round of `rows` rows when `source` drafts it; `lag`: the tokens the
         draft must catch up on first, `tokens_left`: the most any row may still generate, `free`:
@@ -191,7 +233,8 @@ class GammaController:
         (`_pricing`)."""
         self.rows = rows
         with self._pricing():
-            return self._choose(source, rows, lag, tokens_left, free)
+            gamma, self.reason = self._choose(source, rows, lag, tokens_left, free)
+        return gamma
 
     @contextmanager
     def _pricing(self):
@@ -214,34 +257,40 @@ class GammaController:
             self._priced[key] = make()
         return self._priced[key]
 
-    def _choose(self, source: str, rows: int, lag: int, tokens_left: int | None, free: int) -> int:
+    def _choose(self, source: str, rows: int, lag: int, tokens_left: int | None,
+                free: int) -> tuple[int, str]:
+        """γ and the reason for it (`reason`, the trace's words)."""
         if source == "none":
-            return 0
+            return 0, "the drafter proposes nothing this round"
         if self.draft_seconds(source) is None:
-            return START_GAMMA
+            return START_GAMMA, f"first round of {source}: its cost is not known yet"
         if not self.plain_timed():
-            return 0  # a plain step times T(1)
+            return 0, "a plain step times T(1)"
         stats = self._stats(source)
         if free:  # the free drafts come anyway: the best tail after them, however short
             alpha = stats.alpha()
-            return max(range(self.longest(source) + 1), key=lambda g: self.rate(source, alpha, g, free))
+            gamma = max(range(self.longest(source) + 1), key=lambda g: self.rate(source, alpha, g, free))
+            return gamma, f"{free} forced drafts, then the best tail at α {alpha:.2f}"
         scored = source in self.scored and rows == 1  # α from every committed token, free drafts
-        gamma = self.best_gamma(source, stats.alpha(), _MARGIN if scored else 1.0)
-        if gamma > 0 and not self.catch_up_pays(source, stats.alpha(), gamma, lag, tokens_left):
-            return 0  # sitting out only adds to the lag: no probes either
+        alpha = stats.alpha()
+        gamma = self.best_gamma(source, alpha, _MARGIN if scored else 1.0)
+        if gamma > 0 and not self.catch_up_pays(source, alpha, gamma, lag, tokens_left):
+            return 0, f"catching up on {lag} tokens costs more than drafting saves"  # no probes either
         probe = self.probes.setdefault(source, Probe())
         if gamma > 0 and (scored or self.delivers(source)):
             probe.reset()
-            return gamma
-        if scored:
-            return 0  # its α is scored at every committed token and it costs nothing: no probes
+            return gamma, f"the best γ at α {alpha:.2f} beats a plain step"
+        if scored:  # its α is scored at every committed token and it costs nothing: no probes
+            return 0, f"no γ beats a plain step at α {alpha:.2f}"
         could_pay = self.best_gamma(source, 1.0)
         if not probe.due(could_pay):
-            return 0
+            return 0, (f"no γ beats a plain step at α {alpha:.2f}" if gamma == 0 else
+                       f"its last drafting rounds delivered less than a plain step") + "; no probe due"
         if not self.catch_up_pays(source, 1.0, max(could_pay, 1), lag, tokens_left):
-            return 0  # even if every draft were kept, catching up would cost more than it saves
+            return 0, f"catching up on {lag} tokens would cost more than drafting saves at α 1"
         # a probe keeps α and the draft's cost up to date
-        return probe.start(min(max(self.probe_gamma(source), probe.ladder), self.max_gamma))
+        gamma = probe.start(min(max(self.probe_gamma(source), probe.ladder), self.max_gamma))
+        return gamma, f"a probe (α {alpha:.2f} scored, its estimate kept current)"
 
     def probe_gamma(self, source: str) -> int:
         """The γ of a probe: the best at an optimistic α (`Acceptance.optimistic`), so that
@@ -315,20 +364,3 @@ class GammaController:
     def pass_estimates(self) -> dict[int, float]:
         """k → the estimate of a k-token pass at this batch size, outliers set aside."""
         return pass_estimates(self.target)
-
-
-def observe_round(controller, source: str, report, drafted=None) -> None:
-    """The controller learns from a finished round, `exactspec.engine.Round` (drafted: each row's
-    drafts, when rows differ), and a GammaController also from the drafter's scores of itself,
-    the round's free drafts and the draft's catch-up."""
-    draft_seconds, draft_calls = report.draft_cost()
-    facts = (source, report.drafted if drafted is None else drafted, report.num_accepted,
-             report.target_tokens, draft_seconds, report.target_seconds, draft_calls)
-    if not isinstance(controller, GammaController):
-        controller.observe(*facts)
-        return
-    if report.evidence:
-        controller.observe_evidence(report.evidence)
-    controller.observe(*facts, free=report.free)
-    if report.catch_up[1]:
-        controller.observe_catch_up(source, report.catch_up[0], report.lag)

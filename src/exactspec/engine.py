@@ -23,10 +23,9 @@ import torch
 
 from exactspec import distributed
 from exactspec.batching import DRAFT, ContinuousBatching, left_pad
-from exactspec.controller import AUTO, MAX_GAMMA, GammaController, observe_round
+from exactspec.controller import AUTO, MAX_GAMMA, Controller, GammaController
 from exactspec.constraints import RowMatchers, as_constraint
 from exactspec.drafters import Drafter, Proposal, make_drafter
-from exactspec.drafters.base import drafter_evidence, drafter_free, drafter_lag
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.models.loaded import memory_of
 from exactspec.rows import DecodeStats, EndRow, Rows  # noqa: F401 (EndRow: part of the API)
@@ -64,7 +63,7 @@ def check_generation_args(input_ids: torch.Tensor, max_new_tokens: int,
         raise ValueError(f"the prompt is empty: input_ids has shape {tuple(input_ids.shape)}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens}")
-    if gamma is None or gamma == AUTO or hasattr(gamma, "choose"):
+    if gamma is None or gamma == AUTO or isinstance(gamma, Controller):
         return  # a controller checks its own choices
     if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
         raise ValueError(f"gamma must be an integer in [1, {MAX_GAMMA}] or 'auto', got {gamma!r}")
@@ -129,8 +128,8 @@ class Round:
     draft_calls: int = 0  # forward passes of the draft's own model in this round
     catch_up: tuple[float, int] = (0.0, 0)  # of those: the seconds and passes of catching up
     lag: int = 0  # the tokens the draft had to catch up on (see `drafters.base.lag`)
-    evidence: dict = field(default_factory=dict)  # the drafter's scores of itself (`drafter_evidence`)
-    free: int = 0  # drafts every row kept for certain, first in its block (`drafter_free`)
+    evidence: dict = field(default_factory=dict)  # the drafter's scores of itself (`Drafter.evidence`)
+    free: int = 0  # drafts every row kept for certain, first in its block (`Drafter.free`)
 
     def draft_cost(self) -> tuple[float | None, int]:
         """The draft's seconds and passes without its catch-up (a one-off cost after rounds it sat
@@ -181,8 +180,8 @@ class Decoder(ContinuousBatching):
         stays exact."""
         lm, drafter, rows = self.lm, self.drafter, self.rows
         block = self._block(gamma)  # the longest budget left decides
-        calls_before, started, lag = (lm.calls, drafter.calls), self.clock.read(), drafter_lag(drafter)
-        free = drafter_free(drafter)
+        calls_before, started, lag = (lm.calls, drafter.calls), self.clock.read(), drafter.lag()
+        free = drafter.free()
         # 1. draft: up to γ tokens per row, with the q they were drawn from
         sampling = self._settings()  # bound to each row's prefix when its processing reads it
         proposal = drafter.propose(block, sampling, self._stream(DRAFT))
@@ -196,7 +195,7 @@ class Decoder(ContinuousBatching):
         fed = 0 if prefill else (lm.tokens_fed - fed_before) // drafts.size(0)
         report = Round(drafts.size(1), None, fed,
                        drafted_at - started, self.clock.read() - drafted_at,
-                       drafter.calls - calls_before[1], getattr(drafter, "catch_up", (0.0, 0)), lag,
+                       drafter.calls - calls_before[1], drafter.catch_up, lag,
                        free=free)
         # 3. verify: keep a prefix of the drafts, then one correction or bonus token
         result = self._verify(proposal, drafts, p)
@@ -206,7 +205,7 @@ class Decoder(ContinuousBatching):
         lm.discard_last(drafts.size(1) - tau)
         # 5. commit: the drafter learns what was kept; the rows record what was emitted
         drafter.commit(tau, self.last)
-        report.evidence = drafter_evidence(drafter)
+        report.evidence = drafter.evidence()
         self.rounds += 1
         going = rows.record(result, self._drafted(proposal, drafts), lm.calls - calls_before[0],
                             drafter.calls - calls_before[1])
@@ -245,9 +244,9 @@ class Decoder(ContinuousBatching):
     def situation(self) -> dict:
         """What a `GammaController` weighs besides past rounds: the rows in the batch, the tokens
         the draft must catch up on (its lag), the most tokens any row may still generate and the
-        drafts every row keeps for certain (`drafter_free`)."""
-        return dict(rows=self.rows.active.numel(), lag=drafter_lag(self.drafter),
-                    tokens_left=self.rows.budget_left(), free=drafter_free(self.drafter))
+        drafts every row keeps for certain (`Drafter.free`)."""
+        return dict(rows=self.rows.active.numel(), lag=self.drafter.lag(),
+                    tokens_left=self.rows.budget_left(), free=self.drafter.free())
 
     def output(self) -> GenerateOutput:
         return _output(self.ids, self.valid, self.rows, self.lm, self.drafter, self.rounds,
@@ -255,12 +254,12 @@ class Decoder(ContinuousBatching):
 
 
 def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int | str,
-              **settings) -> GenerateOutput:
+              on_round=None, **settings) -> GenerateOutput:
     """The round loop shared by speculative and plain decoding. gamma "auto" (a
     `GammaController`) or a controller object picks each round's γ from the rounds before it
-    (the past-only rule)."""
+    (the past-only rule). `on_round(line)` gets each round's `trace_line`."""
     decoder = Decoder(target, drafter, input_ids, attention_mask, **settings)
-    controller = gamma if hasattr(gamma, "choose") else None
+    controller = gamma if isinstance(gamma, Controller) else None
     if gamma == AUTO:  # timings carry over between generations with the same target and drafter
         controller = GammaController.shared(decoder.memory, drafter.name)
         controller.lockstep = decoder.ids.size(0) > 1
@@ -269,14 +268,18 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
     with decoder.lm.threads():
         while not decoder.done:
             source = decoder.drafter.next_source()
-            report = decoder.step(*_choose(controller, source, decoder)) if controller else decoder.step(gamma)
+            chosen, shortest, reason = _choose(controller, source, decoder) if controller else \
+                (gamma, 0, "fixed γ" if gamma else "plain decoding")
+            report = decoder.step(chosen, shortest)
             distributed.check_round(decoder.rows.new, decoder.rounds)
             if controller:
-                observe_round(controller, source, report)
+                controller.observe_round(source, report)
             kind = ("model" if source == "none" else source) if report.drafted else "plain"  # "none":
             # the auto draft's first round, drafted by its model at a fixed γ (`AutoDrafter`)
             by_source[kind] = by_source.get(kind, 0) + 1
             kept[kind] = kept.get(kind, 0) + int(report.num_accepted.sum())
+            if on_round is not None:
+                on_round(trace_line(decoder.rounds, kind, chosen, shortest, reason, report))
     distributed.check_same(decoder.rows.new, "the end")  # tensor-parallel ranks agree
     out = decoder.output()
     out.rounds_by_source, out.kept_by_source = by_source, kept
@@ -284,18 +287,25 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int
     return out
 
 
-def _choose(controller, source: str, decoder: Decoder) -> tuple[int, int]:
-    """The next round's γ and fewest drafts worth a pass, from the controller (rank 0's timings
-    decide for every rank). A `GammaController` also weighs the batch size, the draft's lag and
-    the tokens left; any controller with `choose(source)` will do."""
-    if isinstance(controller, GammaController):
-        situation = decoder.situation()
-        chosen = controller.choose(source, **situation)
-        shortest = controller.min_drafts(source, chosen, situation["free"])
-    else:
-        chosen = controller.choose(source)
-        shortest = controller.min_drafts(source, chosen) if hasattr(controller, "min_drafts") else 0
-    return distributed.from_leader((chosen, shortest))
+def _choose(controller: Controller, source: str, decoder: Decoder) -> tuple[int, int, str]:
+    """The next round's γ, fewest drafts worth a pass and why, from the controller, told the batch
+    size, the draft's lag, the tokens left and the free drafts (rank 0's choice holds for every
+    rank)."""
+    situation = decoder.situation()
+    chosen = controller.choose(source, **situation)
+    shortest = controller.min_drafts(source, chosen, situation["free"])
+    return distributed.from_leader((chosen, shortest, controller.reason or type(controller).__name__))
+
+
+def trace_line(number: int, source: str, gamma: int, min_drafts: int, reason: str,
+               report: Round) -> dict:
+    """One round in the trace (`--trace FILE`, one JSON line each): who drafted ("plain": no
+    drafts), the γ chosen and why, the drafts proposed and kept over all rows, and the seconds
+    of the draft and of the target's pass."""
+    return {"round": number, "source": source, "gamma": gamma, "min_drafts": min_drafts,
+            "reason": reason, "rows": int(report.num_accepted.numel()), "drafted": report.drafted,
+            "kept": int(report.num_accepted.sum()), "draft_seconds": round(report.draft_seconds, 6),
+            "pass_seconds": round(report.target_seconds, 6)}
 
 
 def _output(ids, valid, rows: Rows, lm, drafter, rounds: int,
@@ -322,18 +332,19 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
                             temperature: float = 1.0, top_k: int | None = None,
                             top_p: float | None = None, seed: int | None = None,
                             eos_token_id=None, attention_mask=None,
-                            on_tokens=None, sampling=None, constraint=None) -> GenerateOutput:
+                            on_tokens=None, sampling=None, constraint=None,
+                            on_round=None) -> GenerateOutput:
     """Plain decoding of the target: one forward pass and one draw from p per output token.
     input_ids[B, L] with an optional attention_mask (left or right padding); `on_tokens`,
-    `sampling` and `constraint` as in `speculative_generate`. Each token is the race over p with
-    the noise of (row seed, position) (`exactspec.noise`; row b's from (seed, b)), so
-    `speculative_generate(..., seed=seed, verify="coupled")` emits the same tokens."""
+    `sampling`, `constraint` and `on_round` as in `speculative_generate`. Each token is the race
+    over p with the noise of (row seed, position) (`exactspec.noise`; row b's from (seed, b)),
+    so `speculative_generate(..., seed=seed, verify="coupled")` emits the same tokens."""
     check_generation_args(input_ids, max_new_tokens)
     sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling
     return _generate(target, make_drafter(None), input_ids, attention_mask, gamma=0,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                      eos_token_id=eos_token_id, verify="coupled", on_tokens=on_tokens,
-                     constraint=constraint)
+                     constraint=constraint, on_round=on_round)
 
 
 @torch.inference_mode()
@@ -341,7 +352,8 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
                          max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                          top_p: float | None = None, seed: int | None = None,
                          eos_token_id=None, attention_mask=None, verify: str = "block",
-                         on_tokens=None, sampling=None, constraint=None) -> GenerateOutput:
+                         on_tokens=None, sampling=None, constraint=None,
+                         on_round=None) -> GenerateOutput:
     """Speculative decoding: each row's output follows the target's decoding distribution exactly.
 
     target: a Hugging Face causal LM or LoadedModel. draft: a model, a model spec, "ngram",
@@ -349,7 +361,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
     target's own GGUF where it has one, else a bfloat16 copy; "auto:SPEC" names the model draft),
     "llamacpp:PATH", or any drafter (see `exactspec.drafters.make_drafter`). gamma: drafts per round,
     or "auto" (chosen each round from measured costs and acceptance: `GammaController`), or a
-    controller of your own with its `choose` and `observe` methods. input_ids[B, L] with an optional
+    `Controller` of your own. input_ids[B, L] with an optional
     attention_mask (left or right padding). verify: "block" (joint block verification, never
     fewer tokens per round), "token" (the reference's rule) or "coupled" (the target's token at
     each position drawn from noise of (row seed, position), drafts kept while equal to it: the
@@ -360,7 +372,8 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
     of temperature / top_k / top_p (e.g. `exactspec.hf.Processing`: Transformers' processors).
     `constraint` (an `exactspec.Constraint`: JSON Schema, any JSON object, regex, Lark grammar)
     makes every row follow the constrained target (`exactspec.constraints`), drafting first
-    what the grammar forces.
+    what the grammar forces. `on_round(line)` is called after each round with its trace line (a
+    dict: `trace_line`), which says who drafted, the γ chosen and why.
     """
     check_generation_args(input_ids, max_new_tokens, gamma)
     sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling
@@ -370,4 +383,4 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
     return _generate(target, drafter, input_ids, attention_mask, gamma=gamma,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                      eos_token_id=eos_token_id, verify=verify, on_tokens=on_tokens,
-                     constraint=constraint)
+                     constraint=constraint, on_round=on_round)

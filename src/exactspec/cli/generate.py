@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
 import sys
 import time
@@ -49,6 +51,9 @@ def register(subparsers) -> None:
                      help="split the target over the ranks of `torchrun --nproc-per-node N` "
                           "(tensor parallelism; the draft is whole on every rank; rank 0 prints)")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--trace", metavar="FILE",
+                     help="write one JSON line per round to FILE: who drafted, the γ chosen and "
+                          "why, drafts proposed and kept, the draft's and the pass's seconds")
     gen.set_defaults(func=run_generate)
 
     demo = subparsers.add_parser("demo", help="speculative vs plain decoding on the bundled model",
@@ -153,11 +158,32 @@ def _generate(target, draft, input_ids, args, on_tokens=None, attention_mask=Non
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                     top_k=getattr(args, "top_k", None), top_p=getattr(args, "top_p", None),
                     seed=args.seed, on_tokens=on_tokens, attention_mask=attention_mask,
-                    constraint=getattr(args, "constraint", None))
+                    constraint=getattr(args, "constraint", None),
+                    on_round=getattr(args, "on_round", None))
     if draft is None:
         return autoregressive_generate(target, input_ids, **sampling)
     return speculative_generate(target, draft, input_ids, gamma=args.gamma,
                                 verify=getattr(args, "verify", "block"), **sampling)
+
+
+@contextlib.contextmanager
+def _trace(args):
+    """With --trace FILE: args.on_round writes each round's trace line to FILE as it ends; a
+    generation that fails leaves no FILE behind."""
+    if not args.trace:
+        yield
+        return
+    try:
+        file = open(args.trace, "w", encoding="utf-8")
+    except OSError as err:
+        raise CliError(f"--trace: {err}") from None
+    try:
+        with file:
+            args.on_round = lambda line: file.write(json.dumps(line, ensure_ascii=False) + "\n")
+            yield
+    except BaseException:
+        Path(args.trace).unlink(missing_ok=True)
+        raise
 
 
 def _stats_rows(named_stats: dict) -> list[dict]:
@@ -185,7 +211,8 @@ def run_generate(args) -> int:
     draft = _draft(args.draft, target, args.draft_dtype)
     input_ids, mask = encode_batch(target, prompts, args.chat)
     stream = TextStream(target.tokenizer) if args.stream and not args.json else None
-    out = _generate(target, draft, input_ids, args, on_tokens=stream, attention_mask=mask)
+    with _trace(args):
+        out = _generate(target, draft, input_ids, args, on_tokens=stream, attention_mask=mask)
     prompt_lengths = mask.sum(dim=1).tolist()
     results = []
     for prompt, length, sequence, stats in zip(prompts, prompt_lengths, out.sequences,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from exactspec.drafters.base import Proposal, drafter_lag
+from exactspec.drafters.base import Drafter, Proposal
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.sampling import SamplingConfig
@@ -13,7 +13,7 @@ MIN_MATCH = 2  # a lookup needs a match of at least this many tokens to be worth
 MODEL_SOURCES = ("model", "none")  # the rounds the model proposes, if γ > 0
 
 
-class AutoDrafter:
+class AutoDrafter(Drafter):
     """Chooses, before each round and from the committed tokens only (the past-only rule), who
     drafts: `NGramDrafter` when some row's context repeats its last MIN_MATCH or more tokens,
     else the `ModelDrafter`. The one that sat a round out learns its tokens afterwards
@@ -35,7 +35,7 @@ class AutoDrafter:
         self.min_match, self.source, self.first = min_match, None, False
 
     calls = property(lambda self: self.model.calls)
-    catch_up = property(lambda self: getattr(self.model, "catch_up", (0.0, 0))
+    catch_up = property(lambda self: self.model.catch_up
                         if self.source in MODEL_SOURCES else (0.0, 0))
     tokens_fed = property(lambda self: self.model.tokens_fed)
     padding_fed = property(lambda self: self.model.padding_fed)
@@ -45,7 +45,7 @@ class AutoDrafter:
 
     def lag(self) -> int:
         """The model draft's catch-up if it drafts the next round (prompt lookup has none)."""
-        return drafter_lag(self.model) if self.next_source() == "model" else 0
+        return self.model.lag() if self.next_source() == "model" else 0
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         self.model.start(input_ids, valid, vocab_size)
@@ -61,7 +61,7 @@ class AutoDrafter:
             if match >= self.min_match:
                 self.source = self.lookup.source(match)
             else:
-                self.source = "none" if self.first and drafter_lag(self.model) else "model"
+                self.source = "none" if self.first and self.model.lag() else "model"
         return self.source
 
     def propose(self, gamma: int, sampling: SamplingConfig,

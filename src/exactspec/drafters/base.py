@@ -10,7 +10,6 @@ the point-mass rule, which is exact for any deterministic proposal, padding incl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -26,23 +25,6 @@ def lag(pending_per_row) -> int:
     return sum(max(0, int(n) - IN_STEP) for n in pending_per_row)
 
 
-def drafter_lag(drafter) -> int:
-    """A drafter's `lag()`, 0 for drafters without a cache of their own."""
-    return drafter.lag() if hasattr(drafter, "lag") else 0
-
-
-def drafter_free(drafter) -> int:
-    """A drafter's `free()`: how many of every row's next drafts are kept for certain (a grammar
-    round's forced tokens); 0 for drafters that have none."""
-    return drafter.free() if hasattr(drafter, "free") else 0
-
-
-def drafter_evidence(drafter) -> dict[str, list[tuple[int, int]]]:
-    """A drafter's `evidence()` (source → each row's hits and misses since the last call, from
-    committed tokens only), {} for drafters that do not score themselves."""
-    return drafter.evidence() if hasattr(drafter, "evidence") else {}
-
-
 @dataclass
 class Proposal:
     """tokens: LongTensor[B, γ'] with γ' ≤ γ; q: [B, γ', V] the distributions they were sampled
@@ -55,49 +37,72 @@ class Proposal:
     lengths: list[int] | None = None
 
 
-@runtime_checkable
-class Drafter(Protocol):
-    """What the engine needs from a drafter working on B rows.
+class Drafter:
+    """What the engine needs from a drafter working on B rows; every drafter subclasses it.
 
     Counters (read after each round): `calls` and `tokens_fed` of the draft's own model (0 for a
-    drafter without one), `padding_fed` (padding slots it ran). Methods, in the order the engine
+    drafter without one), `padding_fed` (padding slots it ran), `catch_up` (the seconds and passes
+    of the last proposal's catching up, (0.0, 0) if none). Methods, in the order the engine
     calls them:
     - `bind(target, total_tokens) -> V`: check that it can serve this target for sequences of
       total_tokens (same vocabulary, enough context); return the vocabulary V that p and q share;
     - `start(input_ids[B, L], valid[B, L], vocab_size)`: once, with the left-padded prompts;
     - `next_source() -> str`: before each round, which way it will draft ("model", "ngram",
       "none", ...), decided from the past only; the γ controller keeps statistics per source;
+    - `lag() -> int`: the committed tokens its next proposal must feed beyond the IN_STEP per row
+      of a round in step (the prompt, or rounds it sat out), over all rows; the γ controller
+      prices that catch-up against the tokens left to generate (0: no cache of its own);
+    - `free() -> int`: how many of every row's next drafts are kept for certain (a grammar
+      round's forced tokens); γ is then the tail after them;
     - `propose(gamma, sampling, generator) -> Proposal`: each round, up to γ tokens per row;
     - `commit(num_accepted[B], next_tokens[B])`: row b kept its first num_accepted[b] drafts,
       then emitted next_tokens[b] (a correction or the bonus);
-    - `select(rows)`: keep only the rows still generating.
-    Optional, for continuous batching (`Decoder.join`): `join(input_ids[n, L], valid[n, L])` adds
-    rows at a round boundary whose last prompt token is their last committed token. Optional, for
-    a draft model with its own cache: `lag() -> int`, the committed tokens its next proposal must
-    feed beyond the IN_STEP per row of a round in step (the prompt, or rounds it sat out), over
-    all rows; the γ controller prices that catch-up against the tokens left to generate.
+    - `evidence() -> {source: [(hits, misses) per row]}`: its scores of itself since the last
+      call, from committed tokens only ({}: it does not score itself);
+    - `select(rows)`: keep only the rows still generating;
+    - `join(input_ids[n, L], valid[n, L])`, for continuous batching (`Decoder.join`): add rows at a
+      round boundary whose last prompt token is their last committed token.
     """
 
-    name: str
-    calls: int
-    tokens_fed: int
-    padding_fed: int
+    name: str = "drafter"
+    calls: int = 0
+    tokens_fed: int = 0
+    padding_fed: int = 0
+    catch_up: tuple[float, int] = (0.0, 0)
 
-    def bind(self, target, total_tokens: int) -> int: ...
+    def bind(self, target, total_tokens: int) -> int:
+        raise NotImplementedError(f"{type(self).__name__} must define bind")
 
-    def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None: ...
+    def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define start")
 
-    def next_source(self) -> str: ...
+    def next_source(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} must define next_source")
+
+    def lag(self) -> int:
+        return 0
+
+    def free(self) -> int:
+        return 0
 
     def propose(self, gamma: int, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> Proposal: ...
+                generator: torch.Generator | None) -> Proposal:
+        raise NotImplementedError(f"{type(self).__name__} must define propose")
 
-    def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None: ...
+    def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define commit")
 
-    def select(self, rows: torch.Tensor) -> None: ...
+    def evidence(self) -> dict[str, list[tuple[int, int]]]:
+        return {}
+
+    def select(self, rows: torch.Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define select")
+
+    def join(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
+        raise ValueError(f"drafter {self.name!r} cannot take rows joining a batch")
 
 
-class NoDraft:
+class NoDraft(Drafter):
     """Plain decoding as the γ = 0 case of a round: nothing proposed, the bonus drawn from p."""
 
     name = "none"

@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from exactspec.drafters.base import Proposal, drafter_lag
+from exactspec.drafters.base import Drafter, Proposal
 from exactspec.drafters.ngram import space_folding
 from exactspec.sampling import SamplingConfig
 
@@ -89,7 +89,7 @@ def clause_cut(tokenizer, tokens: list[int], n: int) -> tuple[list[int], bool]:
     return tokens[:n], False
 
 
-class GrammarDrafter:
+class GrammarDrafter(Drafter):
     """Before each round, from the committed tokens only (the past-only rule): when a row's
     grammar forces its next tokens (the keys and punctuation of a schema, a closing quote: its
     matcher's fast-forward tokens), the round drafts them (source "grammar", point-mass: the
@@ -128,7 +128,7 @@ class GrammarDrafter:
     tokens_fed = property(lambda self: self.inner.tokens_fed)
     padding_fed = property(lambda self: self.inner.padding_fed)
     catch_up = property(lambda self: (0.0, 0) if self.source == GRAMMAR
-                        else getattr(self.inner, "catch_up", (0.0, 0)))
+                        else self.inner.catch_up)
 
     def bind(self, target, total_tokens: int) -> int:
         return self.inner.bind(target, total_tokens)
@@ -142,7 +142,7 @@ class GrammarDrafter:
             self.lookup.fold_spaces(space_folding(self.matchers.tokenizer, self.matchers.memory))
 
     def lag(self) -> int:
-        return 0 if self.next_source() == GRAMMAR else drafter_lag(self.inner)
+        return 0 if self.next_source() == GRAMMAR else self.inner.lag()
 
     def next_source(self) -> str:
         if self.source is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from exactspec.drafters.base import Proposal, lag
+from exactspec.drafters.base import Drafter, Proposal, lag
 from exactspec.models import check_length, input_device, unwrap_model
 from exactspec.models.llamacpp import (
     import_llama_cpp, load_gguf, take_rows, token_list, torch_on_one_thread, usable_cores,
@@ -35,7 +35,7 @@ def gguf_file(target) -> Path | None:
     return target.model.path if target.backend == "llamacpp" else gguf_path(target.name)
 
 
-class LlamaCppDrafter:
+class LlamaCppDrafter(Drafter):
     """Drafts with llama.cpp from a GGUF file.
 
     Each row is a llama.cpp sequence (`Sequences`) with its own positions, so ragged rows need

@@ -6,13 +6,13 @@ import time
 import torch
 
 from exactspec.cache import CachedModel
-from exactspec.drafters.base import Proposal, lag
+from exactspec.drafters.base import Drafter, Proposal, lag
 from exactspec.models import check_compatible, check_context, unwrap_model
 from exactspec.models.loaded import memory_of
 from exactspec.sampling import SamplingConfig, sample
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A draft language model with its own KV cache.
 
     Drafts are sampled from q (never the argmax while q is a softmax: that would break

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from exactspec.drafters.base import Proposal
+from exactspec.drafters.base import Drafter, Proposal
 from exactspec.models import usable_vocab
 from exactspec.models.loaded import Memory
 from exactspec.sampling import SamplingConfig
@@ -70,7 +70,7 @@ class SuffixIndex:
         return []
 
 
-class NGramDrafter:
+class NGramDrafter(Drafter):
     """Prompt lookup: propose the tokens that followed an earlier occurrence of the longest
     suffix of the row's context (prompt + generated tokens) that occurred before, up to max_ngram
     tokens long (`SuffixIndex`). rule "latest" (the default) takes the most recent occurrence,
