@@ -27,6 +27,10 @@ import os
 # As `import exactspec` does when it comes first: torch's OpenMP workers stop spinning sooner,
 # so a llama.cpp draft gets the cores. It must be set before torch loads.
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")
+# Two test workers share 2 cores: a llama.cpp target on both would wait for a descheduled thread
+# at every operation (a 40 s file took minutes beside another worker).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("EXACTSPEC_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

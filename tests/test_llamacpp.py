@@ -7,7 +7,6 @@ ragged batches, with rows joining mid-batch and when its context must grow. Book
 every round llama.cpp's sequences hold exactly the committed tokens.
 """
 import sys
-import weakref
 
 import pytest
 import torch
@@ -184,8 +183,8 @@ def test_context_grows_when_the_rows_need_more(target, prompts, monkeypatch):
     """12 rows of up to 10 + 20 tokens overflow a first context of 256 cells: a context twice the
     size replaces it and every row is fed again; greedy output is unchanged."""
     monkeypatch.setattr(runtime, "FIRST_CONTEXT", 256)
-    monkeypatch.setattr(runtime, "IDLE", weakref.WeakKeyDictionary())  # no larger context to take
     drafter = drafter_for(target)
+    monkeypatch.setattr(drafter.gguf, "idle", [])  # no larger context to take
     ids, mask = batch(prompts * 4)
     out = speculative_generate(target, drafter, ids, attention_mask=mask, gamma=4,
                                max_new_tokens=20, temperature=0, eos_token_id=[])

@@ -9,7 +9,6 @@ backend, rows that join, leave and outgrow the context.
 from __future__ import annotations
 
 import sys
-import weakref
 
 import pytest
 import torch
@@ -175,9 +174,9 @@ def test_the_context_grows_and_rejected_drafts_leave_their_rows(target, prompts,
                         lambda rows, n_ctx: (sizes.append((rows.name, n_ctx)), made(rows, n_ctx))[1])
     ids, mask = batch((prompts * 3)[:SMALL_BATCH])
     settings = dict(max_new_tokens=40, temperature=0, seed=5, eos_token_id=[])
-    monkeypatch.setattr(runtime, "IDLE", weakref.WeakKeyDictionary())  # no context left earlier
+    monkeypatch.setattr(target.model.gguf, "idle", [])  # no context left earlier
     plain = autoregressive_generate(target, ids, attention_mask=mask, **settings)
-    monkeypatch.setattr(runtime, "IDLE", weakref.WeakKeyDictionary())  # nor the plain one's (512)
+    monkeypatch.setattr(target.model.gguf, "idle", [])  # nor the plain one's (512)
     out = speculative_generate(target, HotDraft(runtime_path(target)), ids, attention_mask=mask,
                                gamma=4, verify="coupled", **settings)
     assert as_lists(out.sequences) == as_lists(plain.sequences)
@@ -192,7 +191,7 @@ def test_a_generation_takes_the_context_an_earlier_one_left(target, prompts, mon
     made, new = [], runtime.Sequences.new_context
     monkeypatch.setattr(runtime.Sequences, "new_context",
                         lambda rows, n_ctx: (made.append(n_ctx), new(rows, n_ctx))[1])
-    monkeypatch.setattr(runtime, "IDLE", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(target.model.gguf, "idle", [])
     ids, mask = batch(prompts[:2])
     settings = dict(attention_mask=mask, max_new_tokens=6, temperature=0, eos_token_id=[])
     runs = [autoregressive_generate(target, ids, **settings) for _ in range(3)]

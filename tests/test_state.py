@@ -13,6 +13,10 @@ those inside a top-level `if` or `try`):
   called on it. `__all__` is exempt. Tuples, frozensets, strings and numbers are constants;
 - a **`global` statement** fails: a module's name rebound at run time is state too.
 
+A function's cache (`functools.cache`, `lru_cache`) is allowed: it keeps a pure load's answer (a
+GGUF file's llama.cpp model, its token list, the process's gloo group), the same whatever ran
+before.
+
 Nothing is skipped: a registry that is still here fails this test until it has an owner.
 """
 import ast

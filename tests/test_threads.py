@@ -63,3 +63,18 @@ def test_every_pass_of_a_torch_target_runs_on_torchs_configured_count():
         assert len(seen) == 80 and set(seen) == {2} and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+def test_exactspec_threads_sets_a_llama_cpp_targets_thread_count(monkeypatch):
+    """EXACTSPEC_THREADS, when set, is every llama.cpp target's thread count; a value that is not
+    a positive integer is refused, naming the variable."""
+    from exactspec.models.llamacpp import target_threads, usable_cores
+
+    monkeypatch.setenv("EXACTSPEC_THREADS", "3")
+    assert target_threads() == 3
+    monkeypatch.delenv("EXACTSPEC_THREADS")
+    assert target_threads() == usable_cores()
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("EXACTSPEC_THREADS", bad)
+        with pytest.raises(ValueError, match=f"EXACTSPEC_THREADS must be an integer >= 1, got '{bad}'"):
+            target_threads()

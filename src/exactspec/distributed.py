@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import functools
 import os
 import secrets
 from datetime import timedelta
@@ -38,7 +39,6 @@ CHECK_ENV = "EXACTSPEC_TP_CHECK"  # "round": check the committed tokens after ev
 _CONTROL_TIMEOUT = timedelta(days=365)  # a server's followers wait for the next request
 _TARGET_TIMEOUT = timedelta(hours=2)  # a rank loading a large shard may lag the others
 _EXIT_TIMEOUT = timedelta(minutes=1)  # how long a rank waits for the others at exit
-_control = None  # the gloo group for control messages, made by `init`
 
 
 def world() -> tuple[int, int]:
@@ -62,7 +62,6 @@ def init() -> torch.device:
     """Join the process group torchrun set up (gloo on CPU, NCCL when CUDA is present) and return
     this rank's device (cuda:LOCAL_RANK, or the CPU). Idempotent. Raises ValueError when the
     process was not started by torchrun."""
-    global _control
     if not launched():
         raise ValueError("tensor parallelism needs one process per rank started by torchrun, "
                          "e.g. `torchrun --standalone --nproc-per-node 2 -m exactspec COMMAND "
@@ -75,9 +74,15 @@ def init() -> torch.device:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 timeout=_TARGET_TIMEOUT)
         atexit.register(_leave)
-    if _control is None:
-        _control = dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
+    _control()  # made now, by every rank in the same order (making a group is a collective)
     return device
+
+
+@functools.cache
+def _control():
+    """The gloo group for control messages, one per process: the process group's own, kept with
+    it by torch.distributed (made by `init`)."""
+    return dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
 
 
 def _leave() -> None:
@@ -86,7 +91,7 @@ def _leave() -> None:
     called without an active exception")."""
     if dist.is_initialized():
         try:
-            dist.monitored_barrier(group=_control, timeout=_EXIT_TIMEOUT)
+            dist.monitored_barrier(group=_control(), timeout=_EXIT_TIMEOUT)
         except RuntimeError:  # a rank that failed or is gone: leave anyway
             pass
         finally:
@@ -149,7 +154,7 @@ def local_copy(model, dtype: torch.dtype):
 def _broadcast(value):
     """Rank 0's `value` on every rank."""
     message = [value]
-    dist.broadcast_object_list(message, src=0, group=_control)
+    dist.broadcast_object_list(message, src=0, group=_control())
     return message[0]
 
 
@@ -183,7 +188,7 @@ def check_same(rows: list[list[int]], where: str) -> None:
     if world()[1] == 1:
         return
     gathered = [None] * world()[1]
-    dist.all_gather_object(gathered, [list(row) for row in rows], group=_control)
+    dist.all_gather_object(gathered, [list(row) for row in rows], group=_control())
     for rank, theirs in enumerate(gathered[1:], start=1):
         if theirs != gathered[0]:
             row = next((i for i, (a, b) in enumerate(zip(gathered[0], theirs)) if a != b), None)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from exactspec.cache import CachedModel, check_finite
-from exactspec.models.llamacpp import take_rows, torch_on_one_thread
+from exactspec.models.llamacpp import torch_on_one_thread
 
 
 def make_target(model, name: str, vocab_size: int, batch_size: int, memory=None):
@@ -45,7 +45,7 @@ class LlamaCppTarget:
     rows are ragged without holes and a row forgets its rejected drafts alone. A round's pass
     asks llama.cpp for the logits after every fed token. The context grows by doubling, each
     row's cache moved over as it is, and goes back to the model for the next generation when
-    the target is freed (`exactspec.models.llamacpp.take_rows`).
+    the target is freed (`exactspec.models.llamacpp.Gguf.take_rows`).
 
     Every decode runs on the model's `n_threads` (all usable cores unless set), the same for
     every pass of every generation, since a pass's numerics may depend on the thread count and a
@@ -59,7 +59,7 @@ class LlamaCppTarget:
     def __init__(self, model, name: str, vocab_size: int):
         self.model, self.name, self.vocab_size = model, name, vocab_size
         self.device = torch.device("cpu")
-        self.rows = take_rows(model.llama, self, name, model.n_threads, vocab_size)
+        self.rows = model.gguf.take_rows(self, name, model.n_threads, vocab_size)
 
     calls = property(lambda self: self.rows.calls)
     tokens_fed = property(lambda self: self.rows.tokens_fed)

@@ -17,7 +17,7 @@ import torch
 from exactspec.drafters.base import Drafter, Proposal, lag
 from exactspec.models import check_length, input_device, unwrap_model
 from exactspec.models.llamacpp import (
-    import_llama_cpp, load_gguf, take_rows, token_list, torch_on_one_thread, usable_cores,
+    import_llama_cpp, load_gguf, token_list, torch_on_one_thread, usable_cores,
 )
 from exactspec.sampling import SamplingConfig, sample
 from exactspec.threads import ThreadChoice
@@ -51,7 +51,7 @@ class LlamaCppDrafter(Drafter):
         if not self.path.is_file():
             raise ValueError(f"draft 'llamacpp:{path}': no such GGUF file")
         import_llama_cpp()  # the install line, if llama-cpp-python is missing
-        self.model = load_gguf(str(self.path.resolve()))
+        self.gguf = load_gguf(str(self.path.resolve()))
         self.n_threads = n_threads or usable_cores()
         # its decodes run on all its threads or on one, whichever is faster now (`Sequences`,
         # `exactspec.threads`); a count given explicitly is kept
@@ -75,13 +75,13 @@ class LlamaCppDrafter(Drafter):
 
         model, _, _ = unwrap_model(target, "target")
         self.device = input_device(model)  # drafts and q go where the target's p is
-        check_length(self.model.n_ctx_train(), self.name, total_tokens)
+        check_length(self.gguf.llama.n_ctx_train(), self.name, total_tokens)
         return check_token_list(target, self.tokens(), f"draft {self.name!r}")
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         if self.rows is None or self.rows.vocab_size != vocab_size:
-            self.rows = take_rows(self.model, self, f"draft {self.name}", self.n_threads, vocab_size,
-                                  self.threads)  # a context another draft of this file left, or new
+            self.rows = self.gguf.take_rows(self, f"draft {self.name}", self.n_threads, vocab_size,
+                                            self.threads)  # a context another draft of this file left, or new
         self.rows.clear()  # a generation after the first reuses the context, its KV cache emptied
         self.pending = []
         self.join(input_ids, valid)

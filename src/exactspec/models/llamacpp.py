@@ -27,6 +27,7 @@ INSTALL_HINT = ("llama-cpp-python is not installed: pip install 'exactspec[llama
 MAX_ROWS = 256  # llama.cpp's limit on sequences in one context (LLAMA_MAX_SEQ)
 BATCH_TOKENS = 512  # the most tokens one llama_decode call takes; longer feeds are split
 FIRST_CONTEXT = 4096  # KV cells at the start; doubled whenever the rows need more
+THREADS_ENV = "EXACTSPEC_THREADS"  # a llama.cpp target's thread count (`target_threads`)
 
 
 def import_llama_cpp():
@@ -49,6 +50,18 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def target_threads() -> int:
+    """A llama.cpp target's thread count: EXACTSPEC_THREADS if set (a process sharing its cores
+    with others: more threads than free cores make llama.cpp's threads wait for each other at
+    every operation), else the usable cores."""
+    value = os.environ.get(THREADS_ENV)
+    if value is None:
+        return usable_cores()
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{THREADS_ENV} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
 @contextlib.contextmanager
 def torch_on_one_thread():
     """torch on one thread inside the block: beside llama.cpp, torch's work (p or q from
@@ -64,52 +77,55 @@ def torch_on_one_thread():
 
 
 @functools.lru_cache(maxsize=4)
-def load_gguf(path: str):
-    """llama.cpp's model for a GGUF file, loaded once per process (each user makes its own
-    context, i.e. its own KV cache, from it)."""
-    from llama_cpp import _internals
+def load_gguf(path: str) -> Gguf:
+    """A GGUF file's llama.cpp model, loaded once per process."""
+    return Gguf(path)
 
-    return _internals.LlamaModel(path_model=path, verbose=False,
-                                 params=import_llama_cpp().llama_model_default_params())
+
+class Gguf:
+    """A GGUF file's llama.cpp model (`llama`) and the contexts its finished users left (`idle`).
+    Each user (a generation's target, a draft) runs in a context of its own, its own KV cache,
+    taken with `take_rows`."""
+
+    def __init__(self, path: str):
+        from llama_cpp import _internals
+
+        self.llama = _internals.LlamaModel(path_model=path, verbose=False,
+                                           params=import_llama_cpp().llama_model_default_params())
+        self.idle: list[Sequences] = []
+        self._taking = threading.Lock()  # users in two threads take two contexts
+
+    def take_rows(self, owner, name: str, n_threads: int, vocab_size: int, choice=None) -> Sequences:
+        """Empty rows for `owner`: a context an earlier owner left, its KV cache emptied and its
+        counters zeroed, or a new one; it goes back to `idle` when `owner` is freed. Making a
+        context costs a pass or more (the 1.5B's: 0.14 s alone, 1.5-3 s beside
+        llama-cpp-python's own context; the bundled model's 0.09 s, a dozen draft tokens), so a
+        generation does not pay for one."""
+        with self._taking:
+            rows = next((r for r in self.idle if r.vocab_size == vocab_size), None)
+            if rows is not None:
+                self.idle.remove(rows)
+        if rows is None:
+            rows = Sequences(self.llama, name, n_threads, vocab_size, choice)
+        rows.name, rows.n_threads, rows.choice, rows.calls, rows.tokens_fed = name, n_threads, choice, 0, 0
+        rows.clear()
+        rows.set_threads(n_threads)
+        weakref.finalize(owner, self.idle.append, rows)
+        return rows
 
 
 @functools.lru_cache(maxsize=4)
 def token_list(path: str) -> tuple[str, ...]:
     """The GGUF's tokens: token id i is token_list(path)[i]."""
-    model = load_gguf(path)
+    model = load_gguf(path).llama
     return tuple(model.token_get_text(i) for i in range(model.n_vocab()))
 
 
 def end_tokens(path: str) -> list[int]:
     """The ids llama.cpp ends a generation on (end of generation: EOS, end of turn, ...)."""
     llama = import_llama_cpp()
-    vocab = llama.llama_model_get_vocab(load_gguf(path).model)
+    vocab = llama.llama_model_get_vocab(load_gguf(path).llama.model)
     return [i for i in range(llama.llama_vocab_n_tokens(vocab)) if llama.llama_vocab_is_eog(vocab, i)]
-
-
-# A GGUF's llama.cpp model -> the rows (contexts) its finished users left, to be taken again.
-IDLE: "weakref.WeakKeyDictionary[object, list[Sequences]]" = weakref.WeakKeyDictionary()
-_TAKING = threading.Lock()  # users in two threads take two contexts
-
-
-def take_rows(model, owner, name: str, n_threads: int, vocab_size: int, choice=None) -> "Sequences":
-    """Empty rows of llama.cpp's `model` for `owner` (a generation's target, a draft): a context
-    an earlier owner left, its KV cache emptied and its counters zeroed, or a new one; it goes
-    back to IDLE when `owner` is freed. Making a context costs a pass or more (the 1.5B's: 0.14 s
-    alone, 1.5-3 s beside llama-cpp-python's own context; the bundled model's 0.09 s, a dozen
-    draft tokens), so a generation does not pay for one."""
-    with _TAKING:
-        idle = IDLE.setdefault(model, [])
-        rows = next((r for r in idle if r.vocab_size == vocab_size), None)
-        if rows is not None:
-            idle.remove(rows)
-    if rows is None:
-        rows = Sequences(model, name, n_threads, vocab_size, choice)
-    rows.name, rows.n_threads, rows.choice, rows.calls, rows.tokens_fed = name, n_threads, choice, 0, 0
-    rows.clear()
-    rows.set_threads(n_threads)
-    weakref.finalize(owner, idle.append, rows)
-    return rows
 
 
 class LlamaCppModel:
@@ -118,17 +134,18 @@ class LlamaCppModel:
     It holds the file and the facts `exactspec.models.loaded` reads from a model's config: its
     training context, its vocabulary size and the ids llama.cpp ends a generation on. Each
     generation runs it in a context of its own (`exactspec.targets.LlamaCppTarget`), one an
-    earlier generation left where there is one (`take_rows`)."""
+    earlier generation left where there is one (`Gguf.take_rows`)."""
 
     backend = "llamacpp"
 
     def __init__(self, path: str | os.PathLike, name: str):
         self.path = Path(path).expanduser().resolve()
-        self.llama = load_gguf(str(self.path))
+        self.gguf = load_gguf(str(self.path))
+        self.llama = self.gguf.llama
         self.device = torch.device("cpu")
         # every decode of every generation on this many threads: a pass's numerics may depend on
         # the thread count, and a seed names one text (set it before a generation to change it)
-        self.n_threads = usable_cores()
+        self.n_threads = target_threads()
         self.config = SimpleNamespace(name_or_path=name, max_position_embeddings=self.llama.n_ctx_train(),
                                       vocab_size=self.llama.n_vocab(), eos_token_id=end_tokens(str(self.path)))
 
