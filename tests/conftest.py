@@ -27,9 +27,12 @@ import os
 # As `import exactspec` does when it comes first: torch's OpenMP workers stop spinning sooner,
 # so a llama.cpp draft gets the cores. It must be set before torch loads.
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")
-# Two test workers share 2 cores: a llama.cpp target on both would wait for a descheduled thread
-# at every operation (a 40 s file took minutes beside another worker).
+# Two test workers share 2 cores: a target on 2 threads in both would wait for a descheduled
+# thread at every operation (tests/test_llamacpp_target.py: 40 s alone, minutes beside another
+# worker). Targets run on a fixed count (docs/design.md), so each worker sets one: torch's (before
+# torch loads; servers the tests start inherit it) and llama.cpp's.
 if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("EXACTSPEC_THREADS", "1")
 
 import pytest  # noqa: E402

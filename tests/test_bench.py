@@ -508,10 +508,15 @@ def test_cli_end_to_end_on_tiny_models(tiny_loaded_pair, tmp_path, capsys, monke
                  "Auto:tiny-draft", "--gammas", "auto,2", "--prompts", str(prompts),
                  "--max-new-tokens", "5",
                  "--temperature", "0", "--repeats", "1", "--warmup", "0", "--verify", "token",
-                 "--json", str(out), "--plot", str(plot), "--quiet"])
+                 "--json", str(out), "--plot", str(plot), "--quiet", "--trace", str(tmp_path / "t.jsonl")])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     result = json.loads(out.read_text())
+    trace = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    exactspec_rows = [r for r in result["rows"] if r["method"] in ("speculative", "autoregressive")]
+    assert {line["config"].split()[0] for line in trace} == {"speculative", "autoregressive"}
+    assert sum(line["drafted"] for line in trace) >= sum(r["drafted_tokens"] for r in exactspec_rows)
+    assert all(line["reason"] for line in trace)
     assert result["config"]["prompts_source"] == str(prompts)
     assert result["config"]["drafts"] == ["tiny-draft", "ngram", "auto:tiny-draft"]
     assert result["config"]["gammas"] == [2, "auto"]

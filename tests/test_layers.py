@@ -55,3 +55,31 @@ def test_no_import_cycles():
         graph[name] = {m for m in graph[name] if not (m != name and name.startswith(m + ".")
                                                       and m != "exactspec")}
     assert not cycles(graph), cycles(graph)[:5]
+
+
+# The layers of docs/design.md, lowest first: a module imports only from its own layer or below.
+LAYERS = (
+    ("core", {"noise", "sampling", "verify", "constraints", "costmodel", "files", "processes",
+              "threads", "distributed"}),
+    ("models", {"models", "kernels", "cache"}),
+    ("targets, drafters, policy", {"targets", "drafters", "controller", "acceptance", "pricing"}),
+    ("engine", {"rows", "batching", "engine"}),
+    ("front ends", {"hf", "bench", "serve", "lab", "cli", "__main__"}),
+)
+
+
+def layer_of(module: str) -> int:
+    """The layer of a module of the package (its top-level name: `exactspec.drafters.ngram` is in
+    `drafters`'s); the package itself re-exports and is not placed."""
+    top = module.split(".")[1]
+    return next(i for i, (_, names) in enumerate(LAYERS) if top in names)
+
+
+def test_imports_point_down_the_layers():
+    paths = sorted(p for p in ROOT.rglob("*.py") if p != ROOT / "__init__.py")
+    modules = {module_name(p) for p in paths} | {"exactspec"}
+    upward = [f"{module_name(p)} ({LAYERS[layer_of(module_name(p))][0]}) imports {m} "
+              f"({LAYERS[layer_of(m)][0]})"
+              for p in paths for m in sorted(imports_of(p, modules) - {"exactspec"})
+              if layer_of(m) > layer_of(module_name(p))]
+    assert not upward, upward

@@ -310,7 +310,7 @@ def test_controller_reaches_long_blocks_after_an_early_rejection():
     controller._count("model", 2, 1)
     gammas = []
     for _ in range(16):
-        gamma = controller.choose("model", 1, 0, 1000)
+        gamma = controller.choose("model", rows=1, lag=0, tokens_left=1000)
         gammas.append(gamma)
         if gamma == 0:
             controller.observe("none", 0, torch.tensor([0]), 1, None, .430)

@@ -316,7 +316,9 @@ def test_serve_command_prints_its_port(tiny_folders):  # noqa: F811
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
-        url = re.search(r"http://\S+:\d+", line).group(0)
+        found = re.search(r"http://\S+:\d+", line)
+        assert found, f"stdout {line!r}; stderr {proc.stderr.read() if proc.poll() is not None else ''!r}"
+        url = found.group(0)
         deadline = time.time() + 60
         while httpx.get(url + "/health").status_code == 503 and time.time() < deadline:
             time.sleep(0.1)

@@ -93,12 +93,14 @@ def load_models(config: BenchConfig, models: dict | None = None,
 
 
 def run_benchmark(config: BenchConfig, *, models: dict | None = None,
-                  timings: dict | None = None, log: Callable[[str], None] | None = log_to_stderr
+                  timings: dict | None = None, log: Callable[[str], None] | None = log_to_stderr,
+                  trace: Callable[[dict], None] | None = None
                   ) -> dict:
     """Run the benchmark and return {config, machine, rows, summary, costmodel, elapsed_seconds}.
 
     models: LoadedModels by spec, used instead of loading (tests); timings: the cost model's
     inputs, used instead of timing the models (tests). log: progress lines (None: silent).
+    trace: called with each round's trace line (`engine.trace_line`) of exactspec's rows.
     """
     from exactspec.bench.load import BackgroundLoad
 
@@ -110,7 +112,7 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
         with BackgroundLoad(config.background_load):
             if config.background_load:
                 log(f"{config.background_load} busy process(es) run beside every row")
-            return _run(config, target, drafts, llama, timings, log, started)
+            return _run(config, target, drafts, llama, timings, log, started, trace)
     finally:
         if llama is not None:
             llama.close()
@@ -146,8 +148,8 @@ def _order(specs: list, k: int) -> list:
     return specs if k % 2 == 0 else specs[::-1]
 
 
-def _run(config, target, drafts, llama, timings, log, started) -> dict:
-    runner = Runner(target, drafts, config, llama)
+def _run(config, target, drafts, llama, timings, log, started, trace=None) -> dict:
+    runner = Runner(target, drafts, config, llama, trace)
     machine = machine_info(runner.device)
     prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start) for p in config.prompts]
     specs = plan(config)

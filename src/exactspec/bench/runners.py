@@ -66,8 +66,9 @@ class Runner:
     spec to a LoadedModel, to "ngram", or (an auto draft) to its drafter object, which the
     engine restarts for each generation."""
 
-    def __init__(self, target, drafts: dict, config: BenchConfig, llama=None):
+    def __init__(self, target, drafts: dict, config: BenchConfig, llama=None, trace=None):
         self.target, self.drafts, self.config, self.llama = target, drafts, config, llama
+        self.trace = trace  # each exactspec round's trace line, with its configuration and seed
         self.device = torch.device(getattr(target, "device", None) or input_device(target.model))
         self.pad_token_id = self._pad_token_id()
 
@@ -100,7 +101,9 @@ class Runner:
             if not first:
                 first.extend((time.perf_counter() - start, len(new)))  # the engine synchronized already
 
-        kwargs = dict(max_new_tokens=max_new_tokens, seed=seed, on_tokens=on_tokens,
+        on_round = None if self.trace is None else \
+            (lambda line: self.trace({"config": spec.label, "seed": seed, **line}))
+        kwargs = dict(max_new_tokens=max_new_tokens, seed=seed, on_tokens=on_tokens, on_round=on_round,
                       eos_token_id=None if constraint is not None else [], constraint=constraint,
                       **self.sampling(spec.temperature))
         synchronize(self.device)

@@ -17,7 +17,7 @@ import sys
 
 from exactspec.cli.bench_tables import BATCH_COLUMNS, print_result
 from exactspec.cli.common import (CliError, command, output_path, parse_float, parse_int, print_table,
-                                  read_prompts)
+                                  read_prompts, trace_writer)
 
 
 def register(subparsers) -> None:
@@ -96,6 +96,9 @@ def _timing_options(p) -> None:
 def _output_options(p) -> None:
     """What is written (--json, --plot), and batch throughput instead (--batch-sizes)."""
     p.add_argument("--json", metavar="OUT", help="write the full result as JSON to OUT")
+    p.add_argument("--trace", metavar="FILE",
+                   help="write one JSON line per round of exactspec's rows to FILE (its "
+                        "configuration, seed, source, γ and why, drafts kept, seconds)")
     p.add_argument("--plot", metavar="OUT.png", help="draw the measured cost model to OUT.png")
     p.add_argument("--batch-sizes", metavar="B,B,...",
                    help="measure batch throughput instead: total tokens/s of plain and "
@@ -293,7 +296,8 @@ def run_bench(args) -> int:
     if plot_path and not has_curves(config):
         raise CliError("--plot needs an integer γ in --gammas and a draft other than auto: "
                        "each cost-model curve has one draft cost and is drawn against γ")
-    result = run_benchmark(config, log=None if args.quiet else log_to_stderr)
+    with trace_writer(args.trace) as trace:
+        result = run_benchmark(config, log=None if args.quiet else log_to_stderr, trace=trace)
     if json_path:
         write_json(result, json_path)
     if plot_path:

@@ -1,6 +1,7 @@
 """What every command shares: the one-line error, option parsing, tables, JSON and prompt files."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -85,6 +86,26 @@ def output_path(option: str, path: str | None) -> str | None:
     if not os.access(folder, os.W_OK):
         raise CliError(f"{option}: the folder {str(folder)!r} is not writable")
     return path
+
+
+@contextlib.contextmanager
+def trace_writer(path: str | None, **fields):
+    """With --trace FILE: a callable that writes each round's trace line (`engine.trace_line`,
+    with `fields` and any the caller adds) to FILE as the round ends, else None; a run that fails
+    leaves no FILE behind."""
+    if not path:
+        yield None
+        return
+    try:
+        file = open(path, "w", encoding="utf-8")
+    except OSError as err:
+        raise CliError(f"--trace: {err}") from None
+    try:
+        with file:
+            yield lambda line: file.write(json.dumps({**fields, **line}, ensure_ascii=False) + "\n")
+    except BaseException:
+        Path(path).unlink(missing_ok=True)
+        raise
 
 
 def print_json(obj) -> None:

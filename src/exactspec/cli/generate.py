@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import sys
 import time
 from pathlib import Path
 
-from exactspec.cli.common import TARGET_HELP, CliError, print_json, print_table, read_prompts, start_tp
+from exactspec.cli.common import (
+    TARGET_HELP, CliError, print_json, print_table, read_prompts, start_tp, trace_writer)
 from exactspec.controller import MAX_GAMMA
 from exactspec.verify import VERIFY_RULES
 
@@ -166,26 +165,6 @@ def _generate(target, draft, input_ids, args, on_tokens=None, attention_mask=Non
                                 verify=getattr(args, "verify", "block"), **sampling)
 
 
-@contextlib.contextmanager
-def _trace(args):
-    """With --trace FILE: args.on_round writes each round's trace line to FILE as it ends; a
-    generation that fails leaves no FILE behind."""
-    if not args.trace:
-        yield
-        return
-    try:
-        file = open(args.trace, "w", encoding="utf-8")
-    except OSError as err:
-        raise CliError(f"--trace: {err}") from None
-    try:
-        with file:
-            args.on_round = lambda line: file.write(json.dumps(line, ensure_ascii=False) + "\n")
-            yield
-    except BaseException:
-        Path(args.trace).unlink(missing_ok=True)
-        raise
-
-
 def _stats_rows(named_stats: dict) -> list[dict]:
     return [{"run": name, **stats.to_dict()} for name, stats in named_stats.items()]
 
@@ -211,7 +190,7 @@ def run_generate(args) -> int:
     draft = _draft(args.draft, target, args.draft_dtype)
     input_ids, mask = encode_batch(target, prompts, args.chat)
     stream = TextStream(target.tokenizer) if args.stream and not args.json else None
-    with _trace(args):
+    with trace_writer(args.trace) as args.on_round:
         out = _generate(target, draft, input_ids, args, on_tokens=stream, attention_mask=mask)
     prompt_lengths = mask.sum(dim=1).tolist()
     results = []
