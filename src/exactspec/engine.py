@@ -302,6 +302,8 @@ def trace_line(number: int, source: str, gamma: int, min_drafts: int, reason: st
     """One round in the trace (`--trace FILE`, one JSON line each): who drafted ("plain": no
     drafts), the γ chosen and why, the drafts proposed and kept over all rows, and the seconds
     of the draft and of the target's pass."""
+    if gamma and not report.drafted:
+        reason += "; no drafts came (no proposal, or fewer than min_drafts)"
     return {"round": number, "source": source, "gamma": gamma, "min_drafts": min_drafts,
             "reason": reason, "rows": int(report.num_accepted.numel()), "drafted": report.drafted,
             "kept": int(report.num_accepted.sum()), "draft_seconds": round(report.draft_seconds, 6),
