@@ -47,9 +47,9 @@ class LlamaCppTarget:
     row's cache moved over as it is, and goes back to the model for the next generation when
     the target is freed (`exactspec.models.llamacpp.Gguf.take_rows`).
 
-    Every decode runs on the model's `n_threads` (all usable cores unless set), the same for
-    every pass of every generation, since a pass's numerics may depend on the thread count and a
-    seed names one text; torch runs on one thread during the generation (`threads`), since its
+    Every decode runs on the model's `n_threads` (`$EXACTSPEC_THREADS`, else all usable cores),
+    the same for every pass of every generation, since a pass's numerics may depend on the thread
+    count and a seed names one text; torch runs on one thread during the generation (`threads`), since its
     share (p from logits, the draws) is small beside the pass and its idle OpenMP workers would
     spin on the cores llama.cpp needs."""
 

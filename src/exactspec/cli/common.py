@@ -89,9 +89,9 @@ def output_path(option: str, path: str | None) -> str | None:
 
 
 @contextlib.contextmanager
-def trace_writer(path: str | None, **fields):
+def trace_writer(path: str | None):
     """With --trace FILE: a callable that writes each round's trace line (`engine.trace_line`,
-    with `fields` and any the caller adds) to FILE as the round ends, else None; a run that fails
+    with any fields the caller adds) to FILE as the round ends, else None; a run that fails
     leaves no FILE behind."""
     if not path:
         yield None
@@ -102,7 +102,7 @@ def trace_writer(path: str | None, **fields):
         raise CliError(f"--trace: {err}") from None
     try:
         with file:
-            yield lambda line: file.write(json.dumps({**fields, **line}, ensure_ascii=False) + "\n")
+            yield lambda line: file.write(json.dumps(line, ensure_ascii=False) + "\n")
     except BaseException:
         Path(path).unlink(missing_ok=True)
         raise

@@ -80,8 +80,9 @@ class LlamaCppDrafter(Drafter):
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         if self.rows is None or self.rows.vocab_size != vocab_size:
+            # a context another draft of this file left, or a new one
             self.rows = self.gguf.take_rows(self, f"draft {self.name}", self.n_threads, vocab_size,
-                                            self.threads)  # a context another draft of this file left, or new
+                                            self.threads)
         self.rows.clear()  # a generation after the first reuses the context, its KV cache emptied
         self.pending = []
         self.join(input_ids, valid)
