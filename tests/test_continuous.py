@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from conftest import ALPHA, chi_square_pvalue
-from exactspec.batching import AutoGamma, RowSettings
-from exactspec.controller import AUTO, GammaController
+from exactspec.batch_controller import BatchController
+from exactspec.batching import RowSettings
+from exactspec.driver import Driver
+from exactspec.policy import AUTO
 from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter, NoDraft
 from exactspec.engine import Decoder, pad_prompts
 from exactspec.sampling import SamplingConfig
@@ -160,23 +162,23 @@ def test_rows_joining_and_leaving_stay_exact(tiny_pair, kind, settings, verify):
     assert chi_square_pvalue(counts, joint) > ALPHA
 
 
-def test_auto_gamma_times_each_batch_size_apart(tiny_pair):
-    """AutoGamma keeps one controller per target and drafter, with timings per batch size (a
-    pass over 3 rows is not a pass over 2), and acceptance is one for the whole batch."""
+def test_batch_controller_times_each_batch_size_apart(tiny_pair):
+    """A batch's controller keeps timings per batch size (a pass over 3 rows is not a pass over
+    2), and one acceptance for the whole batch."""
     target, draft = tiny_pair
-    driver = AutoGamma()
     settings = [RowSettings(max_new_tokens=n, temperature=0, gamma=AUTO) for n in (4, 30, 30)]
     decoder = start(target, drafters(draft)["model"](), PROMPTS[:3], settings)
+    controller = BatchController.shared(decoder.memory, decoder.drafter.name)
+    driver = Driver(decoder, controller)
     while decoder.rows.active.numel() == 3:
-        driver.step(decoder)
-    driver.step(decoder)
-    controller = driver.controller(decoder)
-    assert list(driver.controllers) == [decoder.drafter.name]
+        driver.step()
+    driver.step()
     assert controller.target_by_rows[3] and controller.target_by_rows[2]
-    assert controller.acceptance is driver.acceptance and "model" in driver.acceptance
+    assert "model" in controller.acceptance and controller.past["model"] == [
+        controller.acceptance["model"].accepted, controller.acceptance["model"].rejected]
 
 
-class FlatCosts(GammaController):
+class FlatCosts(BatchController):
     """Measured timings replaced by a nearly flat T(k): drafting pays, so γ follows acceptance
     (the tiny draft costs about what the tiny target does, so real timings mostly choose 0)."""
 
@@ -187,27 +189,29 @@ class FlatCosts(GammaController):
         return True
 
 
-class RecordingAutoGamma(AutoGamma):
-    """The server's AutoGamma, recording the γ it gave the "auto" rows in each round."""
+class RecordingPolicy:
+    """Rounds driven as the server drives them (one controller over every batch, `Driver`),
+    recording the γ given to the "auto" rows in each round."""
 
     def __init__(self, controller_type):
-        super().__init__(controller_type)
-        self.chosen = []
+        self.controller_type, self.controller, self.chosen = controller_type, None, []
 
     def step(self, decoder):
-        report = super().step(decoder)
+        if self.controller is None:
+            self.controller = self.controller_type.shared(decoder.memory, decoder.drafter.name)
+        report = Driver(decoder, self.controller).step()
         self.chosen.append(decoder.per_row.auto_gamma)
         return report
 
 
 @pytest.mark.parametrize("kind, costs, settings, verify", [
-    ("auto", GammaController, dict(temperature=1.0), "block"),
+    ("auto", BatchController, dict(temperature=1.0), "block"),
     ("auto", FlatCosts, dict(temperature=0.9, top_p=0.9), "block"),
     ("model", FlatCosts, dict(temperature=0.8, top_k=10), "token")],
     ids=["auto-measured-T1-block", "auto-flat-topp-block", "model-flat-topk-token"])
 def test_rows_with_gamma_auto_stay_exact(tiny_pair, kind, costs, settings, verify):
     """The same whole-generation test with the joined rows' gamma "auto": each round's γ comes
-    from the server's `AutoGamma` (timings per batch size, acceptance shared by the rows that come
+    from the server's policy (`BatchController`: timings per batch size, acceptance shared by the rows that come
     and go; the fillers keep their fixed γ), and with the auto draft the batch switches between
     prompt lookup and the model draft. With measured timings γ is mostly 0 on these tiny models
     (whatever path it takes, the test must hold); with flat costs it follows acceptance. Chi-square of the first 2 tokens against the target's
@@ -218,7 +222,7 @@ def test_rows_with_gamma_auto_stay_exact(tiny_pair, kind, costs, settings, verif
     joint = target_joint(target, prompt, 2, SamplingConfig(**settings))
     make = drafters(draft)[kind]
     mine = lambda seed: RowSettings(max_new_tokens=3, seed=seed, gamma=AUTO, verify=verify, **settings)
-    driver = RecordingAutoGamma(costs)
+    driver = RecordingPolicy(costs)
     counts, accepted = sample_joining_rows(target, make, prompt, mine, driver.step)
     assert chi_square_pvalue(counts, joint) > ALPHA
     if costs is FlatCosts:  # γ followed acceptance and changed from round to round (with the

@@ -62,8 +62,9 @@ LAYERS = (
     ("core", {"noise", "sampling", "verify", "constraints", "costmodel", "files", "processes",
               "threads", "distributed"}),
     ("models", {"models", "kernels", "cache"}),
-    ("targets, drafters, policy", {"targets", "drafters", "controller", "acceptance", "pricing"}),
-    ("engine", {"rows", "batching", "engine"}),
+    ("targets, drafters, policy", {"targets", "drafters", "policy", "controller",
+                                   "batch_controller", "acceptance", "pricing"}),
+    ("engine", {"rows", "batching", "driver", "engine"}),
     ("front ends", {"hf", "bench", "serve", "lab", "cli", "__main__"}),
 )
 

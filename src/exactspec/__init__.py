@@ -27,7 +27,8 @@ _NAMES = {  # public name → the module that defines it
     "autoregressive_generate": "exactspec.engine", "speculative_generate": "exactspec.engine",
     "ModelDrafter": "exactspec.drafters", "NGramDrafter": "exactspec.drafters",
     "make_drafter": "exactspec.drafters", "Drafter": "exactspec.drafters",
-    "Controller": "exactspec.controller", "GammaController": "exactspec.controller",
+    "Controller": "exactspec.policy", "GammaController": "exactspec.controller",
+    "Choice": "exactspec.policy", "Situation": "exactspec.policy",
     "LoadedModel": "exactspec.models", "check_compatible": "exactspec.models",
     "load_model": "exactspec.models", "Constraint": "exactspec.constraints",
 }

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PRIOR_DRAFTS = 2  # a generation's α starts from a prior worth this many drafts
-PAST_WINDOW = 256  # past generations' drafts per source, after which older ones weigh half
+WINDOW = 256  # drafts per source after which older ones weigh half (`decay`)
 FIRST_PROBE, LAST_PROBE, REFRESH_PROBE = 4, 32, 64  # plain steps before a probe (see `Probe`)
 PROBE_QUANTILE = 0.9  # a probe's γ is the best at this quantile of α's posterior
 
@@ -37,11 +37,17 @@ class Acceptance:
                                 self.rejected + PRIOR_DRAFTS * (1 - self.prior), PROBE_QUANTILE))
 
 
+def decay(counts: list[int]) -> None:
+    """[kept, rejected] past WINDOW drafts: older ones weigh half (the one decay rule, for past
+    generations' counts and for a server's, which span requests)."""
+    if sum(counts) > WINDOW:
+        counts[0], counts[1] = counts[0] // 2, counts[1] // 2
+
+
 def count_past(past: list[int], accepted: int, rejected: int) -> None:
-    """Add to past generations' [kept, rejected]; past PAST_WINDOW drafts older ones weigh half."""
+    """Add to past generations' [kept, rejected], then `decay`."""
     past[0], past[1] = past[0] + accepted, past[1] + rejected
-    if sum(past) > PAST_WINDOW:
-        past[0], past[1] = past[0] // 2, past[1] // 2
+    decay(past)
 
 
 @dataclass

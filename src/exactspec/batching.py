@@ -1,8 +1,8 @@
 """Continuous batching's per-row state: each row's own settings and random streams (rule 8).
 
 A row (one request) owns its temperature, top-k, top-p, seed, γ, verification rule and budget.
-Its γ is a fixed integer, or "auto": then each round's γ comes from `AutoGamma` (one
-`GammaController` for the batch, past-only), capped by the row's own budget like a fixed γ.
+Its γ is a fixed integer, or "auto": then each round's γ comes from the batch's policy
+(`batch_controller.BatchController`, past-only), capped by the row's own budget like a fixed γ.
 Its random draws come from its own streams, keyed by (seed, tokens it has emitted, purpose):
 each round starts a fresh stream for drafting and one for verifying, so how many uniforms the
 other rows — or a longer block drafted for them — consume never shifts this row's draws. Its
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.constraints import Constraint
-from exactspec.controller import AUTO, MAX_GAMMA, GammaController
+from exactspec.policy import AUTO, MAX_GAMMA
 from exactspec.drafters.base import NoDraft
 from exactspec.drafters.grammar import GrammarDrafter
 from exactspec.noise import RowNoise, mix, row_seed
@@ -145,7 +145,7 @@ class ContinuousBatching:
     Without `use_row_settings` the Decoder runs as always: one SamplingConfig, one generator,
     one γ and rule for every row. With it, every row decodes with its own `RowSettings` (each
     row drafts its own γ_b; the γ passed to `step` is the γ of the rows whose gamma is "auto",
-    see `AutoGamma`), rows may `join` at a round
+    see `batch_controller.BatchController`), rows may `join` at a round
     boundary and be `cancel`led between rounds.
 
     Joining: a new row's prompt minus its last token is prefilled on its own and merged into the
@@ -204,6 +204,14 @@ class ContinuousBatching:
         going = [i for i, row in enumerate(self.rows.active.tolist()) if row not in gone]
         self._retire(torch.tensor(going, dtype=torch.long))
 
+    def auto_rows(self) -> bool:
+        """Whether the policy chooses this round's γ: one γ for all rows, or some row's is "auto"."""
+        return self.per_row is None or any(row.gamma == AUTO for row in self.per_row.settings)
+
+    def row_drafts(self) -> list[int] | None:
+        """The drafts each row verified in the last round (None: every row the round's block)."""
+        return None if self.per_row is None else self.per_row.drafted
+
     def _emitted(self) -> list[int]:
         return [len(self.rows.new[row]) for row in self.rows.active.tolist()]
 
@@ -249,84 +257,3 @@ class ContinuousBatching:
             return drafts.size(1)
         self.per_row.drafted = self.per_row.lengths(proposal, self._emitted())
         return self.per_row.drafted
-
-
-ACCEPTANCE_WINDOW = 512  # drafts and rejections per source after which older ones weigh half
-PAYOFF_SMOOTHING = 0.25  # weight of the newest drafting round in a source's payoff
-PROBE_SHARE = 0.01  # the most of the serving time that drafting rounds that do not pay may take
-
-
-class AutoGamma:
-    """Drives a per-row `Decoder` round by round with the γ of a `GammaController` for the rows
-    whose gamma is "auto" (rows with a fixed γ keep theirs; every row is capped by its budget).
-
-    One controller for the running batch: the acceptance it has seen, per draft source, is shared
-    by whatever rows come and go, counted over a sliding window (past ACCEPTANCE_WINDOW the old
-    counts are halved) so it follows the traffic; the timings T(k) and the draft's cost are kept
-    per batch size (a pass over 8 rows costs more than over 1) and for the process, as in
-    `exactspec.engine`.
-
-    The controller predicts from the target's pass times; a round also costs what it does not
-    see: a model draft that sat rounds out catches up on every row's tokens when it drafts (on a
-    busy batch, several plain steps' worth), and verifying takes its time. So AutoGamma checks
-    what drafting delivered: the payoff of each source at each batch size, tokens per second of
-    its drafting rounds over those of a plain step (T(1)), smoothed. While it is below 1, that
-    source drafts again at that batch size only when the rounds since its last drafting round
-    there took 1/PROBE_SHARE times that round's extra cost (so such tries cost at most about
-    PROBE_SHARE of the time), and a round that pays lifts it.
-
-    Every choice looks only at rounds already run (the past-only rule), so every round stays an
-    exact sample of the next tokens; which γ is used follows measured timings, so a seeded request
-    under "auto" is exact but not bit-reproducible."""
-
-    def __init__(self, controller_type=GammaController):
-        self.controller_type = controller_type
-        self.acceptance: dict = {}
-        self.controllers: dict[str, GammaController] = {}  # by drafter name (one target)
-        # per (source, batch size): the payoff (see above), the seconds of all rounds since its
-        # last drafting round, and what that round took beyond T(1)
-        self.payoff: dict[tuple[str, int], float] = {}
-        self.since_drafting: dict[tuple[str, int], float] = {}
-        self.extra_cost: dict[tuple[str, int], float] = {}
-
-    def controller(self, decoder) -> GammaController:
-        """The controller for the decoder's target and drafter (it keeps timings per batch size)."""
-        name = decoder.drafter.name
-        if name not in self.controllers:
-            controller = self.controller_type.shared(decoder.memory, name)
-            controller.acceptance, controller.past = self.acceptance, {}  # spans requests already
-            self.controllers[name] = controller
-        return self.controllers[name]
-
-    def step(self, decoder):
-        """One round of `decoder`; returns its `Round` report, after the controller learned from it."""
-        drafter, per_row = decoder.drafter, decoder.per_row
-        source = drafter.next_source()
-        controller = self.controller(decoder)
-        key = (source, decoder.rows.active.numel())
-        auto = any(row.gamma == AUTO for row in per_row.settings)
-        gamma = controller.choose(source, **decoder.situation()) if auto else 0
-        plain = controller.target_seconds(1) if gamma and 1 in controller.target else None
-        if plain and self.payoff.get(key, 1.0) < 1 and (
-                self.since_drafting.get(key, 0.0) * PROBE_SHARE < self.extra_cost.get(key, 0.0)):
-            gamma = 0  # drafting has not paid lately, and its next try is not due yet
-        report = decoder.step(gamma)
-        controller.observe_round(source, report, per_row.drafted)
-        seconds = report.draft_seconds + report.target_seconds
-        for name in self.since_drafting.keys() | {key}:
-            self.since_drafting[name] = self.since_drafting.get(name, 0.0) + seconds
-        if gamma and plain and report.target_tokens:  # (a round that read the prompts: no rate)
-            self._learn_payoff(key, report, seconds, plain)
-        for stats in self.acceptance.values():
-            if stats.accepted + stats.rejected > ACCEPTANCE_WINDOW:
-                stats.accepted, stats.rejected = stats.accepted // 2, stats.rejected // 2
-        return report
-
-    def _learn_payoff(self, key: tuple[str, int], report, seconds: float, plain: float) -> None:
-        """A drafting round (source, batch size) took `seconds` where a plain step takes `plain`."""
-        rows = report.num_accepted.numel()
-        payoff = (int(report.num_accepted.sum()) + rows) / seconds / (rows / plain)
-        old = self.payoff.get(key)
-        self.payoff[key] = payoff if old is None else (
-            (1 - PAYOFF_SMOOTHING) * old + PAYOFF_SMOOTHING * payoff)
-        self.since_drafting[key], self.extra_cost[key] = 0.0, max(seconds - plain, 0.0)

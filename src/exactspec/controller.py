@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 
 from exactspec.acceptance import Acceptance, Probe, count_past
 from exactspec.models.loaded import Memory
+from exactspec.policy import AUTO, MAX_GAMMA, Choice, Controller, Situation  # noqa: F401 (re-exported)
 from exactspec.pricing import between, estimate, pass_estimates, record, steady
 
-AUTO = "auto"
-MAX_GAMMA = 32  # the longest block anyone may ask for
 AUTO_MAX_GAMMA = MAX_GAMMA  # the longest the controller chooses (docs/design.md)
 START_GAMMA = 4  # a source's first round, before its cost is known
 _RECHECK = 1.5  # a drafting round dearer than this times its price re-times T(1)
@@ -22,38 +21,6 @@ _STEADY_GAMMA = 8  # longer blocks only while costs are steady
 _CATCH_UP_MARGIN = 2.0  # drafting after a catch-up must save this times its cost (docs/design.md)
 _GUARD_ROUNDS = 4  # drafting rounds of a source in a generation before the guard judges them
 _PLAIN_SAMPLES = 3  # T(1) is timed this many times at a batch size before rounds are priced there
-
-
-class Controller:
-    """What the round loop needs from a γ policy; subclass it for your own. Before each round
-    `choose` returns γ from finished rounds only (the past-only rule keeps the output exact);
-    `min_drafts` the fewest drafts worth the target's pass (a shorter proposal is dropped for a
-    plain step); after it `observe_round` learns from the round. `reason` says, in words, why
-    the last γ was chosen (the trace's `reason`)."""
-
-    reason: str = ""
-
-    def choose(self, source: str, *, rows: int = 1, lag: int = 0, tokens_left: int | None = None,
-               free: int = 0) -> int:
-        """The γ for the next round of `rows` rows when `source` drafts it (`GammaController`)."""
-        raise NotImplementedError(f"{type(self).__name__} must define choose(source, **situation)")
-
-    def min_drafts(self, source: str, gamma: int, free: int = 0) -> int:
-        """The fewest drafts worth a pass: 0, any proposal is verified."""
-        return 0
-
-    def observe(self, source: str, drafted: int | list[int], num_accepted, target_tokens: int,
-                draft_seconds: float | None, target_seconds: float, draft_calls: int = 0,
-                free: int = 0) -> None:
-        """Learn from one finished round (`GammaController.observe`): nothing, by default."""
-
-    def observe_round(self, source: str, report, drafted=None) -> None:
-        """Learn from a finished round, `exactspec.engine.Round` (drafted: each row's drafts, when
-        rows differ)."""
-        draft_seconds, draft_calls = report.draft_cost()
-        self.observe(source, report.drafted if drafted is None else drafted, report.num_accepted,
-                     report.target_tokens, draft_seconds, report.target_seconds, draft_calls,
-                     free=report.free)
 
 
 @dataclass

@@ -24,8 +24,10 @@ import torch
 from exactspec import distributed
 from exactspec.batching import DRAFT, ContinuousBatching, left_pad
 from exactspec.controller import AUTO, MAX_GAMMA, Controller, GammaController
+from exactspec.policy import Situation
 from exactspec.constraints import RowMatchers, as_constraint
 from exactspec.drafters import Drafter, Proposal, make_drafter
+from exactspec.driver import Driver, trace_line  # noqa: F401 (trace_line: part of the API)
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.models.loaded import memory_of
 from exactspec.rows import DecodeStats, EndRow, Rows  # noqa: F401 (EndRow: part of the API)
@@ -241,12 +243,19 @@ class Decoder(ContinuousBatching):
             self.lm.select(going)
             self.drafter.select(going)
 
-    def situation(self) -> dict:
-        """What a `GammaController` weighs besides past rounds: the rows in the batch, the tokens
-        the draft must catch up on (its lag), the most tokens any row may still generate and the
-        drafts every row keeps for certain (`Drafter.free`)."""
-        return dict(rows=self.rows.active.numel(), lag=self.drafter.lag(),
-                    tokens_left=self.rows.budget_left(), free=self.drafter.free())
+    def situation(self, source: str) -> Situation:
+        """What the policy weighs besides past rounds (`policy.Situation`) when `source` drafts
+        the next round."""
+        return Situation(source, rows=self.rows.active.numel(), lag=self.drafter.lag(),
+                         tokens_left=self.rows.budget_left(), free=self.drafter.free())
+
+    def agree(self, choice):
+        """Rank 0's choice on every rank (tensor-parallel generation; one process: `choice`)."""
+        return distributed.from_leader(choice)
+
+    def after_round(self) -> None:
+        """Every rank committed the same tokens (EXACTSPEC_TP_CHECK=round, the debug mode)."""
+        distributed.check_round(self.rows.new, self.rounds)
 
     def output(self) -> GenerateOutput:
         return _output(self.ids, self.valid, self.rows, self.lm, self.drafter, self.rounds,
@@ -255,59 +264,21 @@ class Decoder(ContinuousBatching):
 
 def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int | str,
               on_round=None, **settings) -> GenerateOutput:
-    """The round loop shared by speculative and plain decoding. gamma "auto" (a
+    """The round loop shared by speculative and plain decoding (`driver.Driver`). gamma "auto" (a
     `GammaController`) or a controller object picks each round's γ from the rounds before it
-    (the past-only rule). `on_round(line)` gets each round's `trace_line`."""
+    (the past-only rule). `on_round(line)` gets each round's `driver.trace_line`."""
     decoder = Decoder(target, drafter, input_ids, attention_mask, **settings)
-    controller = gamma if isinstance(gamma, Controller) else None
+    policy = gamma if isinstance(gamma, Controller) else None
     if gamma == AUTO:  # timings carry over between generations with the same target and drafter
-        controller = GammaController.shared(decoder.memory, drafter.name)
-        controller.lockstep = decoder.ids.size(0) > 1
-    by_source: dict[str, int] = {}
-    kept: dict[str, int] = {}
-    with decoder.lm.threads():
-        while not decoder.done:
-            source = decoder.drafter.next_source()
-            chosen, shortest, reason = _choose(controller, source, decoder) if controller else \
-                (gamma, 0, "fixed γ" if gamma else "plain decoding")
-            report = decoder.step(chosen, shortest)
-            distributed.check_round(decoder.rows.new, decoder.rounds)
-            if controller:
-                controller.observe_round(source, report)
-            kind = ("model" if source == "none" else source) if report.drafted else "plain"  # "none":
-            # the auto draft's first round, drafted by its model at a fixed γ (`AutoDrafter`)
-            by_source[kind] = by_source.get(kind, 0) + 1
-            kept[kind] = kept.get(kind, 0) + int(report.num_accepted.sum())
-            if on_round is not None:
-                on_round(trace_line(decoder.rounds, kind, chosen, shortest, reason, report))
+        policy = GammaController.shared(decoder.memory, drafter.name)
+        policy.lockstep = decoder.ids.size(0) > 1
+    driver = Driver(decoder, policy, 0 if policy else gamma, on_round)
+    driver.run()
     distributed.check_same(decoder.rows.new, "the end")  # tensor-parallel ranks agree
     out = decoder.output()
-    out.rounds_by_source, out.kept_by_source = by_source, kept
+    out.rounds_by_source, out.kept_by_source = driver.rounds_by_source, driver.kept_by_source
     out.constraint_seconds = decoder.matchers.seconds
     return out
-
-
-def _choose(controller: Controller, source: str, decoder: Decoder) -> tuple[int, int, str]:
-    """The next round's γ, fewest drafts worth a pass and why, from the controller, told the batch
-    size, the draft's lag, the tokens left and the free drafts (rank 0's choice holds for every
-    rank)."""
-    situation = decoder.situation()
-    chosen = controller.choose(source, **situation)
-    shortest = controller.min_drafts(source, chosen, situation["free"])
-    return distributed.from_leader((chosen, shortest, controller.reason or type(controller).__name__))
-
-
-def trace_line(number: int, source: str, gamma: int, min_drafts: int, reason: str,
-               report: Round) -> dict:
-    """One round in the trace (`--trace FILE`, one JSON line each): who drafted ("plain": no
-    drafts), the γ chosen and why, the drafts proposed and kept over all rows, and the seconds
-    of the draft and of the target's pass."""
-    if gamma and not report.drafted:
-        reason += "; no drafts came (no proposal, or fewer than min_drafts)"
-    return {"round": number, "source": source, "gamma": gamma, "min_drafts": min_drafts,
-            "reason": reason, "rows": int(report.num_accepted.numel()), "drafted": report.drafted,
-            "kept": int(report.num_accepted.sum()), "draft_seconds": round(report.draft_seconds, 6),
-            "pass_seconds": round(report.target_seconds, 6)}
 
 
 def _output(ids, valid, rows: Rows, lm, drafter, rounds: int,
@@ -375,7 +346,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
     `constraint` (an `exactspec.Constraint`: JSON Schema, any JSON object, regex, Lark grammar)
     makes every row follow the constrained target (`exactspec.constraints`), drafting first
     what the grammar forces. `on_round(line)` is called after each round with its trace line (a
-    dict: `trace_line`), which says who drafted, the γ chosen and why.
+    dict: `driver.trace_line`), which says who drafted, the γ chosen and why.
     """
     check_generation_args(input_ids, max_new_tokens, gamma)
     sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling

@@ -83,6 +83,9 @@ class AutoDrafter(Drafter):
         self.lookup.observe(drafts, num_accepted, next_tokens)
         self.source, self.first = None, False
 
+    def prompt_lookup(self) -> NGramDrafter:
+        return self.lookup
+
     def evidence(self) -> dict[str, list[tuple[int, int]]]:
         """The lookup's scores of itself against the committed tokens (`NGramDrafter.evidence`)."""
         return self.lookup.evidence()

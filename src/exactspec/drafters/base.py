@@ -95,6 +95,11 @@ class Drafter:
     def evidence(self) -> dict[str, list[tuple[int, int]]]:
         return {}
 
+    def prompt_lookup(self):
+        """The prompt lookup (`NGramDrafter`) this drafter drafts with in some rounds, if any:
+        a grammar's drafter extends its matches through forced tokens (`GrammarDrafter`)."""
+        return None
+
     def select(self, rows: torch.Tensor) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define select")
 

@@ -120,7 +120,7 @@ class GrammarDrafter(Drafter):
         self.scored = True  # whether the last round's evidence counts (`evidence`)
         self.guesses: list[list[int]] | None = None  # a lookup round's chains, scored at commit
         self.scores: dict = {}  # the last lookup round's scores (`evidence`)
-        self.lookup = inner if hasattr(inner, "match_length") else getattr(inner, "lookup", None)
+        self.lookup = inner.prompt_lookup()
         self.name = inner.name  # timings belong to the model draft; α is kept per source
         self._fold()  # rows joining a running batch: the lookup has started
 
@@ -228,7 +228,7 @@ class GrammarDrafter(Drafter):
         or the model drafts, lookup does not); the inner's own (`NGramDrafter.evidence`) score a
         bare lookup, which the chain outdoes, so they are dropped. Without one, the inner's
         scores, except after a grammar round."""
-        scores = self.inner.evidence() if hasattr(self.inner, "evidence") else {}  # drained
+        scores = self.inner.evidence()  # drained
         if self.lookup is not None:
             scores, self.scores = self.scores, {}
         return scores if self.scored else {}

@@ -120,6 +120,9 @@ class NGramDrafter(Drafter):
         newline) is kept far less often than one from a longer match."""
         return "ngram" if match >= 2 else ONE_TOKEN_MATCH
 
+    def prompt_lookup(self) -> NGramDrafter:
+        return self
+
     def match_length(self) -> int:
         """The longest match any row has now: how much the context supports a lookup."""
         return max(row.lookup(self.min_ngram, self.rule)[0] for row in self.rows)

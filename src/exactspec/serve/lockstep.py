@@ -64,9 +64,13 @@ class LeaderDecoder(Decoder):
 
     def step(self, gamma: int, min_drafts: int = 0):
         distributed.send(("step", (gamma, min_drafts), {}))
-        report = super().step(gamma, min_drafts)
+        return super().step(gamma, min_drafts)
+
+    def agree(self, choice):
+        return choice  # `step` sends it to the followers
+
+    def after_round(self) -> None:
         _after_round(self)
-        return report
 
 
 class LeaderScheduler(Scheduler):

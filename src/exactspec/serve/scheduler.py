@@ -2,8 +2,9 @@
 
 One background thread owns the models. Each loop: cancelled rows leave; waiting requests are
 admitted (a new Decoder when none runs, else they `join` at this round boundary, after their own
-prefill); one round runs over the batch (`AutoGamma`: the γ of the rows whose gamma is "auto"
-comes from one controller for the running batch, from past rounds only); finished rows leave. Tokens reach the request handlers
+prefill); one round runs over the batch (`driver.Driver`: the γ of the rows whose gamma is "auto"
+comes from one `BatchController` per drafter for as long as the server runs, from past rounds
+only); finished rows leave. Tokens reach the request handlers
 through `loop.call_soon_threadsafe` onto each request's asyncio queue, as
 ("tokens", ids) events and one final ("done", finish_reason) or ("error", message).
 """
@@ -19,7 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from exactspec.batching import AutoGamma, RowSettings
+from exactspec.batch_controller import BatchController
+from exactspec.batching import RowSettings
+from exactspec.driver import Driver
 from exactspec.engine import Decoder, pad_prompts
 from exactspec.models.llamacpp import torch_on_one_thread
 from exactspec.sampling import SamplingConfig
@@ -55,7 +58,8 @@ class Scheduler:
     def __init__(self, target, make_drafter, *, eos_ids: list[int], max_batch: int,
                  max_queue: int, context: int | None, metrics=None):
         self.target, self.make_drafter, self.eos = target, make_drafter, eos_ids
-        self.gamma = AutoGamma()  # rows carry their own γ, fixed or "auto"
+        self.policies: dict[str, BatchController] = {}  # by drafter name; rows carry their own γ
+        self.driver: Driver | None = None  # the running decoder's
         self.max_batch, self.max_queue, self.context, self.metrics = max_batch, max_queue, context, metrics
         self.waiting: collections.deque[Job] = collections.deque()
         self.running: dict[int, Job] = {}  # row index in the decoder → job
@@ -167,6 +171,7 @@ class Scheduler:
                 max_new_tokens=max(s.max_new_tokens for s in settings), sampling=SamplingConfig(),
                 seed=None, eos_token_id=self.eos, verify="block", on_tokens=self._on_tokens)
             self.decoder.use_row_settings(settings)
+            self.driver = Driver(self.decoder, self._policy(self.decoder))
             rows = list(range(len(jobs)))
         else:
             rows = self.decoder.join(ids, mask, settings)
@@ -174,6 +179,12 @@ class Scheduler:
             self.running[row] = job
             job.stats = self.decoder.rows.stats[row]
         self._gauges()
+
+    def _policy(self, decoder: Decoder) -> BatchController:
+        name = decoder.drafter.name
+        if name not in self.policies:
+            self.policies[name] = BatchController.shared(decoder.memory, name)
+        return self.policies[name]
 
     def _on_tokens(self, row: int, new_ids: list[int]) -> None:
         job = self.running.get(row)
@@ -184,7 +195,7 @@ class Scheduler:
         decoder = self.decoder
         if decoder is None or decoder.done or not self.running:
             return
-        self.gamma.step(decoder)
+        self.driver.step()
         active = set(decoder.rows.active.tolist()) if not decoder.done else set()
         for row in [r for r in self.running if r not in active]:
             new = decoder.rows.new[row]
