@@ -123,6 +123,15 @@ class Penalized:
             raise ValueError(f"prompts and generated must give one entry per row, got "
                              f"{len(prompts)} and {len(generated)}")
         self.config, self.prompts, self.generated = config, prompts, generated
+        self.counted: dict = {}  # (V, device) → (counts [b, V], in_prompt [b, V]), made once a round
+
+    def committed(self, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(times each token was generated [b, V], whether it is in the prompt [b, V])."""
+        key = (vocab, str(device))
+        if key not in self.counted:
+            self.counted[key] = (token_counts(self.generated, vocab, device),
+                                 token_counts(self.prompts, vocab, device) > 0)
+        return self.counted[key]
 
     def probs(self, logits: torch.Tensor, drafts: torch.Tensor | None = None) -> torch.Tensor:
         """logits[b, n, V] (or [b, V], n = 1) → probabilities of the same shape. With k =
@@ -142,13 +151,12 @@ class Penalized:
         if k < n - 1:
             raise ValueError(f"drafts must hold at least n - 1 = {n - 1} tokens per row, got {k}")
         device = scores.device
-        counts = token_counts(self.generated, vocab, device)  # [b, V], committed new tokens
-        drafted = token_counts([], vocab, device).new_zeros(b, k + 1, vocab)  # [b, k+1, V]
+        counts, in_prompt = self.committed(vocab, device)  # [b, V], [b, V]
+        drafted = counts.new_zeros(b, k + 1, vocab)  # [b, k+1, V]
         if k:
             hot = torch.nn.functional.one_hot(drafts.to(device), vocab)  # [b, k, V]
             drafted[:, 1:] = hot.cumsum(dim=1)  # drafted[:, i]: counts of drafts[:, :i]
         counts = counts.unsqueeze(1) + drafted[:, k - n + 1:]  # [b, n, V], before each position
-        in_prompt = token_counts(self.prompts, vocab, device) > 0  # [b, V]
         seen = in_prompt.unsqueeze(1) | (counts > 0)  # [b, n, V]
         probs = self.config.distribution(scores, seen, counts)  # [b, n, V]
         return probs[:, 0] if single else probs
