@@ -59,8 +59,8 @@ def test_no_import_cycles():
 
 # The layers of docs/design.md, lowest first: a module imports only from its own layer or below.
 LAYERS = (
-    ("core", {"noise", "sampling", "verify", "constraints", "costmodel", "files", "processes",
-              "threads", "distributed"}),
+    ("core", {"noise", "penalties", "sampling", "verify", "constraints", "costmodel", "files",
+              "processes", "threads", "distributed"}),
     ("models", {"models", "kernels", "cache"}),
     ("targets, drafters, policy", {"targets", "drafters", "policy", "controller",
                                    "batch_controller", "acceptance", "pricing"}),

@@ -1,8 +1,9 @@
 """Continuous batching's per-row state: each row's own settings and random streams (rule 8).
 
-A row (one request) owns its temperature, top-k, top-p, seed, γ, verification rule and budget.
-Its γ is a fixed integer, or "auto": then each round's γ comes from the batch's policy
-(`batch_controller.BatchController`, past-only), capped by the row's own budget like a fixed γ.
+A row (one request) owns its temperature, top-k, top-p, penalties, seed, γ, verification rule
+and budget. Its γ is a fixed integer, or "auto": then each round's γ comes from the batch's
+policy (`batch_controller.BatchController`, past-only), capped by the row's own budget like a
+fixed γ.
 Its random draws come from its own streams, keyed by (seed, tokens it has emitted, purpose):
 each round starts a fresh stream for drafting and one for verifying, so how many uniforms the
 other rows — or a longer block drafted for them — consume never shifts this row's draws. Its
@@ -29,7 +30,7 @@ from exactspec.policy import AUTO, MAX_GAMMA
 from exactspec.drafters.base import NoDraft
 from exactspec.drafters.grammar import GrammarDrafter
 from exactspec.noise import RowNoise, mix, row_seed
-from exactspec.sampling import RowSampling, SamplingConfig, check_sampling_args
+from exactspec.sampling import RowSampling, SamplingConfig
 from exactspec.verify import VERIFY_RULES, BlockResult, verify_block, verify_rows
 
 DRAFT, VERIFY = 1, 2  # the purposes of a row's per-round streams
@@ -62,9 +63,14 @@ class RowSettings:
     gamma: int | str = 4
     verify: str = "block"
     constraint: Constraint | None = None  # what the row's output must match
+    frequency_penalty: float = 0.0  # and the other penalties: as in `SamplingConfig`
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] | None = None
+    min_p: float | None = None
 
     def __post_init__(self):
-        check_sampling_args(self.temperature, self.top_k, self.top_p)
+        object.__setattr__(self, "logit_bias", self.sampling.logit_bias)  # checks the settings
         checked = [("max_new_tokens", self.max_new_tokens, 1, None)]
         if self.gamma != AUTO:
             checked.append(("gamma", self.gamma, 0, MAX_GAMMA))
@@ -80,7 +86,9 @@ class RowSettings:
 
     @property
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+        return SamplingConfig(self.temperature, self.top_k, self.top_p, self.frequency_penalty,
+                              self.presence_penalty, self.repetition_penalty, self.logit_bias,
+                              self.min_p)
 
 
 class PerRow:
@@ -191,6 +199,7 @@ class ContinuousBatching:
         self.lm.join(ids[:, :-1], valid[:, :-1])
         self.last = torch.cat([self.last, ids[:, -1]])  # [B + n]
         self.prompt_lengths += valid.sum(dim=1).tolist()
+        self.prompts += list(zip(ids, valid))
         first = len(self.rows.new)
         self.rows.join([row.max_new_tokens for row in settings])
         self.per_row.join(settings)

@@ -162,6 +162,7 @@ class Decoder(ContinuousBatching):
         self.generator = _generator(distributed.agree_seed(seed), self.lm.device)  # same on every rank
         self.seed = self.generator.initial_seed()  # row b's noise: `noise.row_seed(seed, b)`
         self.prompt_lengths = self.valid.sum(dim=1).tolist()  # per row, for absolute positions
+        self.prompts = list(zip(self.ids, self.valid))  # per row: its prompt row as given, its mask
         self.clock = _Clock(self.lm.device)
         eos = _eos_set(eos_token_id, (model, tokenizer))
         self.rows = Rows(ids.size(0), max_new_tokens, eos, self.clock, on_tokens)
@@ -218,15 +219,19 @@ class Decoder(ContinuousBatching):
 
     def _settings(self):
         """This round's sampling settings. Settings that read the tokens before each position
-        (`needs_prefix`: Transformers' logits processors) are bound to the active rows: each row's
-        index and committed tokens (its prompt row as given, left padding included, then its new
-        tokens); the drafter and the target then pass the drafts before each position. Rows with
-        a constraint then get their grammar's masks first (`constraints.Masked`)."""
+        (`needs_prefix`: Transformers' logits processors, penalties) are bound to the active rows:
+        each row's index, committed tokens (its prompt row as given, left padding included, then
+        its new tokens), prompt tokens (no padding) and new tokens; the drafter and the target then
+        pass the drafts before each position. Rows with a constraint then get their grammar's
+        masks first (`constraints.Masked`)."""
         sampling = self.sampling
         if getattr(sampling, "needs_prefix", False):
-            committed = [torch.cat([self.ids[row], self.ids.new_tensor(self.rows.new[row])])
-                         for row in self.rows.active.tolist()]
-            sampling = sampling.after(self.rows.active, committed)
+            active = self.rows.active.tolist()
+            new = [self.ids.new_tensor(self.rows.new[row]) for row in active]
+            prompts = [self.prompts[row] for row in active]  # (prompt row, mask)
+            sampling = sampling.after(self.rows.active, [torch.cat([ids, n]) for (ids, _), n in
+                                                         zip(prompts, new)],
+                                      prompts=[ids[valid] for ids, valid in prompts], generated=new)
         return self.matchers.bind(sampling) if self.matchers else sampling
 
     def _retire(self, going: torch.Tensor) -> None:

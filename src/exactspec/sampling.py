@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.noise import RowNoise, is_noise
+from exactspec.penalties import (Penalized, add_bias, check_penalty_args, logit_bias_pairs,
+                                 min_p_filter, penalize)
 
 
 def check_sampling_args(temperature: float = 1.0, top_k: int | None = None,
@@ -44,14 +46,15 @@ def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                      top_p: float | None = None) -> torch.Tensor:
-    """The decoding distribution over the last dimension: temperature, then top-k, then top-p
-    (Transformers' order and definitions), then softmax.
+                      top_p: float | None = None, *, min_p: float | None = None) -> torch.Tensor:
+    """The decoding distribution over the last dimension: temperature, then top-k, then top-p,
+    then min-p (Transformers' order and definitions), then softmax.
 
     Temperature 0 means greedy: a one-hot at the argmax (lowest index on ties). The same function
     with the same settings makes both p and q. Half-precision logits are computed in float32.
     """
     check_sampling_args(temperature, top_k, top_p)
+    check_penalty_args(min_p=min_p)
     if torch.isnan(logits).any() or torch.isposinf(logits).any():
         raise ValueError("logits contain NaN or +inf")
     if torch.isneginf(logits).all(dim=-1).any():
@@ -66,6 +69,8 @@ def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int
         scores = _top_k_filter(scores, top_k)
     if top_p is not None and top_p < 1:
         scores = _top_p_filter(scores, top_p)
+    if min_p:
+        scores = min_p_filter(scores, min_p)
     return scores.softmax(dim=-1)
 
 
@@ -122,48 +127,101 @@ def _sample_rows(probs: torch.Tensor, generators) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """The decoding settings that make both p and q (the same-processing rule)."""
+    """The decoding settings that make both p and q (the same-processing rule): temperature,
+    top-k, top-p, and the penalties of `exactspec.penalties` (logit_bias: {token id: bias} or
+    (id, bias) pairs, kept as sorted pairs; frequency_penalty and presence_penalty in [-2, 2];
+    repetition_penalty > 0; min_p in [0, 1])."""
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
-
-    # Settings whose processing reads the tokens before each position (Transformers' logits
-    # processors, `exactspec.hf.Processing`) set this: the engine then binds them to each round's
-    # rows with `after(rows, committed)` and passes `drafts=` to `probs`. Not a dataclass field.
-    needs_prefix = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] | None = None
+    min_p: float | None = None
 
     def __post_init__(self):
         check_sampling_args(self.temperature, self.top_k, self.top_p)
+        check_penalty_args(self.frequency_penalty, self.presence_penalty, self.repetition_penalty,
+                           self.min_p)
+        object.__setattr__(self, "logit_bias", logit_bias_pairs(self.logit_bias))
+
+    @property
+    def needs_prefix(self) -> bool:
+        """Whether the processing reads the tokens before each position (a penalty is set;
+        Transformers' logits processors, `exactspec.hf.Processing`, do too): the engine then
+        binds the settings to each round's rows with `after` and passes `drafts=` to `probs`."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1)
 
     def probs(self, logits: torch.Tensor, drafts: torch.Tensor | None = None) -> torch.Tensor:
         """p or q from logits[..., V]; `drafts` (the tokens before each position) is not read."""
-        return probs_from_logits(logits, self.temperature, self.top_k, self.top_p)
+        if self.needs_prefix:
+            raise ValueError("penalties read each row's tokens: bind the settings with "
+                             ".after(rows, committed, prompts=..., generated=...)")
+        return self.distribution(logits)
+
+    def after(self, rows: torch.Tensor, committed, *, prompts, generated) -> Penalized:
+        """Bound to one round's rows: prompts[b] row b's prompt tokens (no padding), generated[b]
+        its new tokens so far (`rows` and `committed`, the prompt row as given then its new
+        tokens, are what `exactspec.hf.Processing` reads; not read here)."""
+        return Penalized(self, prompts, generated)
+
+    def distribution(self, logits: torch.Tensor, seen: torch.Tensor | None = None,
+                     counts: torch.Tensor | None = None) -> torch.Tensor:
+        """logits[..., V] → probabilities: logit_bias, the penalties (seen[..., V]: tokens in the
+        prompt or generated, counts[..., V]: times generated; None: none), then
+        `probs_from_logits`."""
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        scores = add_bias(logits, self.logit_bias)  # [..., V]
+        if seen is not None:
+            scores = penalize(scores, seen, counts, self.repetition_penalty,
+                              self.frequency_penalty, self.presence_penalty)
+        return probs_from_logits(scores, self.temperature, self.top_k, self.top_p, min_p=self.min_p)
 
 
 class RowSampling:
     """Per-row decoding settings (rule 8: a row owns its settings): row b's p and q are made with
-    configs[b], by the same `probs_from_logits` (the same-processing rule holds per row).
-    Rows that share settings are processed together."""
+    configs[b], by the same `SamplingConfig.probs` (the same-processing rule holds per row).
+    Rows that share settings are processed together; settings with penalties are bound to their
+    rows' tokens each round (`after`)."""
 
     def __init__(self, configs):
         self.configs = tuple(configs)  # one SamplingConfig per row
+        self.groups: dict[SamplingConfig, list[int]] = {}  # the rows of each config
+        for row, config in enumerate(self.configs):
+            self.groups.setdefault(config, []).append(row)
+        self.bound = dict(zip(self.groups, self.groups))  # what makes each group's probabilities
+
+    @property
+    def needs_prefix(self) -> bool:
+        return any(config.needs_prefix for config in self.groups)
+
+    def after(self, rows: torch.Tensor, committed, *, prompts, generated) -> "RowSampling":
+        """Each group with penalties bound to its rows (as `SamplingConfig.after`, row b's
+        committed[b], prompts[b], generated[b])."""
+        bound = RowSampling(self.configs)
+        for config, members in self.groups.items():
+            if config.needs_prefix:
+                bound.bound[config] = config.after(rows[members], [committed[i] for i in members],
+                                                   prompts=[prompts[i] for i in members],
+                                                   generated=[generated[i] for i in members])
+        return bound
 
     def probs(self, logits: torch.Tensor, **kwargs) -> torch.Tensor:
         """logits[B, ..., V] → probabilities [B, ..., V], row b with configs[b]."""
         if logits.size(0) != len(self.configs):
             raise ValueError(f"logits must have one row per config ({len(self.configs)}), "
                              f"got shape {tuple(logits.shape)}")
-        groups: dict[SamplingConfig, list[int]] = {}
-        for row, config in enumerate(self.configs):
-            groups.setdefault(config, []).append(row)
-        if len(groups) == 1:
-            return self.configs[0].probs(logits, **kwargs)
+        if len(self.groups) == 1:
+            return self.bound[self.configs[0]].probs(logits, **kwargs)
         out = None
-        for config, rows in groups.items():
+        for config, rows in self.groups.items():
             index = torch.tensor(rows, device=logits.device)  # [b]
-            rows_of = {k: v[index] if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-            part = config.probs(logits[index], **rows_of)  # [b, ..., V]
+            rows_of = {k: v[index.to(v.device)] if isinstance(v, torch.Tensor) else v
+                       for k, v in kwargs.items()}
+            part = self.bound[config].probs(logits[index], **rows_of)  # [b, ..., V]
             out = part.new_empty(logits.shape) if out is None else out  # [B, ..., V]
             out[index] = part
         return out

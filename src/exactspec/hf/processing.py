@@ -75,9 +75,10 @@ class Processing:
     def probs(self, logits: torch.Tensor, drafts: torch.Tensor | None = None) -> torch.Tensor:
         raise ValueError("Processing needs each row's prefix: bind it with .after(rows, committed)")
 
-    def after(self, rows: torch.Tensor, committed: list[torch.Tensor]) -> "AtPrefix":
+    def after(self, rows: torch.Tensor, committed: list[torch.Tensor], **tokens) -> "AtPrefix":
         """Bound to one round: rows[b] the batch index of each active row, committed[b] its tokens
-        so far (the prompt row as given, left padding included, then its new tokens)."""
+        so far (the prompt row as given, left padding included, then its new tokens), as
+        `generate()` holds it (`tokens`: the engine's prompts= and generated=, not read)."""
         return AtPrefix(self, rows, committed)
 
     def process(self, rows: torch.Tensor, prefix: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

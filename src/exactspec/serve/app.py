@@ -212,10 +212,16 @@ def _settings(state: ServerState, params: Params, prompt_tokens: int) -> RowSett
                        code="context_length_exceeded")
     if params.constraint is not None:
         _check_constrainable(state)
+    if params.logit_bias and params.logit_bias[-1][0] >= state.target.vocab_size:
+        raise ApiError(400, f"logit_bias token ids must be in [0, {state.target.vocab_size}), got "
+                            f"{params.logit_bias[-1][0]}", param="logit_bias")
     gamma = state.config.gamma if params.gamma is None else params.gamma
     return RowSettings(max_new_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k,
                        top_p=params.top_p, seed=params.seed, gamma=gamma, verify=_rule(state, params),
-                       constraint=params.constraint)
+                       constraint=params.constraint, frequency_penalty=params.frequency_penalty,
+                       presence_penalty=params.presence_penalty,
+                       repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias,
+                       min_p=params.min_p)
 
 
 def _check_constrainable(state: ServerState) -> None:

@@ -2,7 +2,9 @@
 
 Supported: `model`, `prompt` (completions: a string or a list of token ids) / `messages` (chat),
 `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`, `stream`,
-`stream_options.include_usage`, and the extras `top_k`, `gamma` (an integer in [0, 32] or
+`stream_options.include_usage`, `frequency_penalty` and `presence_penalty` (in [-2, 2]),
+`logit_bias` ({token id: bias in [-100, 100]}), and the extras `min_p` (in [0, 1]),
+`repetition_penalty` (> 0), `top_k`, `gamma` (an integer in [0, 32] or
 "auto"), `verify` ("block", "token" or "coupled"; default: "coupled" for a request with a
 `seed`, so its text does not depend on its company, else the server's rule). Fields that only
 restate the default (`n: 1`, `logprobs: false`, null values, ...) are accepted; any other field,
@@ -15,15 +17,16 @@ from dataclasses import dataclass, field
 
 from exactspec.controller import MAX_GAMMA
 from exactspec.constraints import Constraint
+from exactspec.penalties import logit_bias_pairs
 from exactspec.verify import VERIFY_RULES
 
 MAX_STOPS = 4
 # Fields accepted when they hold their default (or null): they change nothing.
-_NO_OPS = {"n": 1, "logprobs": False, "echo": False, "best_of": 1, "frequency_penalty": 0,
-           "presence_penalty": 0, "parallel_tool_calls": None, "tools": [], "functions": [],
+_NO_OPS = {"n": 1, "logprobs": False, "echo": False, "best_of": 1, "parallel_tool_calls": None, "tools": [], "functions": [],
            "user": "*", "tool_choice": "none"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-          "stream_options", "gamma", "verify", "response_format"}
+          "stream_options", "gamma", "verify", "response_format", "frequency_penalty",
+          "presence_penalty", "repetition_penalty", "logit_bias", "min_p"}
 FIELDS = {"completions": COMMON | {"prompt"},
           "chat": COMMON | {"messages", "max_completion_tokens"}}
 
@@ -64,6 +67,11 @@ class Params:
     gamma: int | str | None = None  # None: the server's default
     verify: str | None = None  # None: "coupled" with a seed, else the server's default
     constraint: Constraint | None = None  # from response_format
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] | None = None  # sorted (token id, bias) pairs
+    min_p: float | None = None
 
 
 def _number(body: dict, name: str, low: float, high: float, default, *, integer=False, low_open=False):
@@ -74,7 +82,7 @@ def _number(body: dict, name: str, low: float, high: float, default, *, integer=
     if isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float)):
         raise bad(name, f"{name} must be {kind}, got {value!r}")
     if not math.isfinite(value) or (value <= low if low_open else value < low) or value > high:
-        where = f"in ({low:g}, {high:g}]" if low_open else (
+        where = (f"in ({low:g}, {high:g}]" if math.isfinite(high) else f"> {low:g}") if low_open else (
             f"in [{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}")
         raise bad(name, f"{name} must be {kind} {where}, got {value!r}")
     return value
@@ -184,7 +192,36 @@ def parse_request(body, kind: str) -> Params:
                             f"got {verify!r}")
     params.verify = verify
     params.constraint = _response_format(body.get("response_format"))
+    _penalties(body, params)
     return params
+
+
+def _penalties(body: dict, params: Params) -> None:
+    """frequency_penalty, presence_penalty, repetition_penalty, min_p and logit_bias (OpenAI's
+    ranges; repetition_penalty and min_p as vLLM's) into params."""
+    params.frequency_penalty = float(_number(body, "frequency_penalty", -2, 2, 0.0))
+    params.presence_penalty = float(_number(body, "presence_penalty", -2, 2, 0.0))
+    params.repetition_penalty = float(_number(body, "repetition_penalty", 0, math.inf, 1.0,
+                                              low_open=True))
+    params.min_p = _number(body, "min_p", 0, 1, None)
+    bias = body.get("logit_bias")
+    if bias is None:
+        return
+    if not isinstance(bias, dict):
+        raise bad("logit_bias", f"logit_bias must be an object mapping token ids to biases, got {bias!r}")
+    pairs = {}
+    for key, value in bias.items():
+        try:  # JSON object keys are strings: "50256"
+            token = int(key) if isinstance(key, str) and key.strip().isascii() else None
+        except ValueError:
+            token = None
+        if token is None or token < 0:
+            raise bad("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {key!r}")
+        pairs[token] = value
+    try:
+        params.logit_bias = logit_bias_pairs(pairs)
+    except ValueError as err:
+        raise bad("logit_bias", str(err)) from None
 
 
 def _response_format(value) -> Constraint | None:
