@@ -17,6 +17,7 @@ from exactspec.engine import pad_prompts
 from exactspec.logprobs import TokenLogprob
 from exactspec.rows import EndRow
 from exactspec.sampling import SamplingConfig
+from test_cli_generate import tiny_folders  # noqa: F401  (the module-scoped fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -237,6 +238,138 @@ def test_bad_logprobs_name_themselves(tiny_pair, kwargs, message):
     if "logprobs_mode" not in kwargs:
         with pytest.raises(ValueError, match=message):
             RowSettings(max_new_tokens=2, **kwargs)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+@pytest.fixture(scope="module")
+def lp_server(tiny_folders):  # noqa: F811
+    pytest.importorskip("fastapi")
+    from test_serve import Server
+    from exactspec.serve.app import ServeConfig
+
+    target, draft = tiny_folders
+    srv = Server(ServeConfig(target=target, draft=draft, gamma=3, model_name="tiny"))
+    yield srv
+    srv.close()
+
+
+def library_logprobs(server, prompt_ids: list[int], n: int, max_tokens: int):
+    """Plain greedy decoding's logprobs of the server's own target, spelled as the server does."""
+    from exactspec.serve.logprobs import Spelling
+
+    target = server.state.target
+    out = es.autoregressive_generate(target, ids(prompt_ids), max_new_tokens=max_tokens,
+                                     temperature=0, logprobs=n)
+    spelled = Spelling(target.tokenizer).spell(out.logprobs[0])
+    return [(entry["token"], t.logprob, [(e["token"], v) for e, (_, v) in zip(top, t.top)])
+            for (entry, top), t in zip(spelled, out.logprobs[0])]
+
+
+def assert_server_matches(got, want):
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for (_, value, top), (_, ref, ref_top) in zip(got, want):
+        assert abs(value - ref) <= ATOL
+        assert len(top) == len(ref_top)
+        assert all(abs(a[1] - b[1]) <= ATOL and (a[0] == b[0] or abs(a[1] - b[1]) <= ATOL)
+                   for a, b in zip(top, ref_top))
+        LARGEST["difference"] = max(LARGEST["difference"], abs(value - ref))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_server_chat_logprobs_match_the_library(lp_server, stream):
+    client, tokenizer = lp_server.client, lp_server.state.target.tokenizer
+    messages = [{"role": "user", "content": "w3 w7 w1 w9"}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
+    args = dict(model="tiny", messages=messages, max_tokens=8, temperature=0, logprobs=True,
+                top_logprobs=4)
+    if stream:
+        content = []
+        for chunk in client.chat.completions.create(stream=True, **args):
+            if chunk.choices and chunk.choices[0].logprobs is not None:
+                content += chunk.choices[0].logprobs.content
+    else:
+        reply = client.chat.completions.create(**args)
+        content = reply.choices[0].logprobs.content
+    got = [(c.token, c.logprob, [(t.token, t.logprob) for t in c.top_logprobs]) for c in content]
+    assert all(c.bytes == list(c.token.encode()) for c in content)
+    assert_server_matches(got, library_logprobs(lp_server, prompt, 4, len(got)))
+    assert len(got) >= 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_server_completions_logprobs_match_the_library(lp_server, stream):
+    prompt = [1, 6, 10, 4, 12]
+    args = dict(model="tiny", prompt=prompt, max_tokens=8, temperature=0, logprobs=3)
+    if stream:
+        tokens, values, tops, offsets, text = [], [], [], [], ""
+        for chunk in lp_server.client.completions.create(stream=True, **args):
+            text += chunk.choices[0].text
+            lp = chunk.choices[0].logprobs
+            if lp is not None:
+                tokens += lp.tokens
+                values += lp.token_logprobs
+                tops += lp.top_logprobs
+                offsets += lp.text_offset
+    else:
+        reply = lp_server.client.completions.create(**args)
+        lp, text = reply.choices[0].logprobs, reply.choices[0].text
+        tokens, values, tops, offsets = lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset
+    got = [(t, v, list(top.items())) for t, v, top in zip(tokens, values, tops)]
+    assert_server_matches(got, library_logprobs(lp_server, prompt, 3, len(got)))
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    assert "".join(tokens) == text
+
+
+def test_server_without_logprobs_sends_none(lp_server):
+    reply = lp_server.client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "w3"}], max_tokens=3)
+    assert reply.choices[0].logprobs is None
+    reply = lp_server.client.completions.create(model="tiny", prompt="w3 w4", max_tokens=3)
+    assert reply.choices[0].logprobs is None
+
+
+def test_server_rows_in_one_batch_ask_their_own(lp_server):
+    """Requests sent at once (sharing batches as they arrive), asking for different N or none:
+    each gets its own."""
+    import concurrent.futures
+
+    prompt = [1, 6, 10, 4, 12]
+    want = library_logprobs(lp_server, prompt, 5, 10)
+
+    def ask(n):
+        reply = lp_server.client.completions.create(model="tiny", prompt=prompt, max_tokens=10,
+                                                    temperature=0, logprobs=n)
+        return reply.choices[0].logprobs
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        replies = list(pool.map(ask, [5, None, 2]))
+    assert replies[1] is None
+    for lp, n in ((replies[0], 5), (replies[2], 2)):
+        got = [(t, v, list(top.items())) for t, v, top in
+               zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)]
+        assert_server_matches(got, [(t, v, top[:n]) for t, v, top in want])
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    ("chat", {"top_logprobs": 2}, "top_logprobs"),
+    ("chat", {"logprobs": "yes"}, "logprobs"),
+    ("completions", {"logprobs": 21}, "logprobs"),
+    ("completions", {"logprobs": True}, "logprobs"),
+    ("completions", {"top_logprobs": 2}, "top_logprobs"),
+])
+def test_server_bad_logprobs_are_400s_naming_the_field(lp_server, path, body, param):
+    import httpx
+
+    base = ({"messages": [{"role": "user", "content": "w3"}]} if path == "chat"
+            else {"prompt": "w3 w4"})
+    url = lp_server.url + ("/v1/chat/completions" if path == "chat" else "/v1/completions")
+    response = httpx.post(url, json={**base, **body, "max_tokens": 2}, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
 
 
 def test_largest_difference_is_reported():
