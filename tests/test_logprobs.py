@@ -372,6 +372,24 @@ def test_server_bad_logprobs_are_400s_naming_the_field(lp_server, path, body, pa
     assert response.json()["error"]["param"] == param
 
 
+def test_cli_prints_logprobs(tiny_folders, capsys):  # noqa: F811
+    import json
+
+    from exactspec.cli import main
+
+    target, draft = tiny_folders
+    argv = ["generate", "w3 w7 w3 w7", "--target", target, "--draft", draft, "--gamma", "3",
+            "--temperature", "0", "--max-new-tokens", "6", "--no-chat", "--json"]
+    assert main(argv + ["--logprobs", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [e["token"] for e in result["logprobs"]] == result["token_ids"]
+    assert all(len(e["top"]) == 2 and e["top"][0]["logprob"] >= e["logprob"] - ATOL
+               for e in result["logprobs"])
+    assert main(argv) == 0 and "logprobs" not in json.loads(capsys.readouterr().out)
+    assert main(argv + ["--logprobs", "21"]) == 2
+    assert "logprobs must be an integer in [0, 20]" in capsys.readouterr().err
+
+
 def test_largest_difference_is_reported():
     """Runs last in this file: the largest difference the comparisons above saw (-s shows it)."""
     print(f"largest logprob difference in this run: {LARGEST['difference']:.3g} (atol {ATOL})")
