@@ -64,7 +64,7 @@ LAYERS = (
     ("models", {"models", "kernels", "cache"}),
     ("targets, drafters, policy", {"targets", "drafters", "policy", "controller",
                                    "batch_controller", "acceptance", "pricing"}),
-    ("engine", {"rows", "batching", "driver", "engine"}),
+    ("engine", {"rows", "logprobs", "batching", "driver", "engine"}),
     ("front ends", {"hf", "bench", "serve", "lab", "cli", "__main__"}),
 )
 

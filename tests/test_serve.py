@@ -239,7 +239,7 @@ def test_disconnect_frees_the_row(server, monkeypatch):
     ({"prompt": 7}, 400, "prompt"),
     ({"model": "gpt-4", "prompt": PROMPT}, 404, "model"),
     ({"prompt": PROMPT, "n": 2}, 400, "n"),
-    ({"prompt": PROMPT, "logprobs": 3}, 400, "logprobs"),
+    ({"prompt": PROMPT, "logprobs": 21}, 400, "logprobs"),  # tests/test_logprobs.py: the rest
     ({"prompt": PROMPT, "suffix": "x"}, 400, "suffix"),
     ({"prompt": " ".join(["w1"] * 200)}, 400, "prompt"),
     ({"prompt": PROMPT, "max_tokens": 500}, 400, "prompt"),

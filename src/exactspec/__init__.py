@@ -31,6 +31,7 @@ _NAMES = {  # public name → the module that defines it
     "Choice": "exactspec.policy", "Situation": "exactspec.policy",
     "LoadedModel": "exactspec.models", "check_compatible": "exactspec.models",
     "load_model": "exactspec.models", "Constraint": "exactspec.constraints",
+    "TokenLogprob": "exactspec.logprobs",
 }
 _MODULES = {"costmodel": "exactspec.costmodel", "rejection": "exactspec.lab.rejection",
             "sampling": "exactspec.sampling", "verify": "exactspec.verify",

@@ -29,6 +29,7 @@ from exactspec.constraints import Constraint
 from exactspec.policy import AUTO, MAX_GAMMA
 from exactspec.drafters.base import NoDraft
 from exactspec.drafters.grammar import GrammarDrafter
+from exactspec.logprobs import check_logprobs_args, emitted
 from exactspec.noise import RowNoise, mix, row_seed
 from exactspec.sampling import RowSampling, SamplingConfig
 from exactspec.verify import VERIFY_RULES, BlockResult, verify_block, verify_rows
@@ -68,9 +69,11 @@ class RowSettings:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] | None = None
     min_p: float | None = None
+    logprobs: int | None = None  # alternatives to record per token (`exactspec.logprobs`)
 
     def __post_init__(self):
         object.__setattr__(self, "logit_bias", self.sampling.logit_bias)  # checks the settings
+        check_logprobs_args(self.logprobs)
         checked = [("max_new_tokens", self.max_new_tokens, 1, None)]
         if self.gamma != AUTO:
             checked.append(("gamma", self.gamma, 0, MAX_GAMMA))
@@ -162,6 +165,8 @@ class ContinuousBatching:
     """
 
     per_row: PerRow | None = None
+    logprobs: int | None = None  # the Decoder's N for every row (per-row: `RowSettings.logprobs`)
+    logprobs_mode: str = "raw"
     _round_noise: tuple = (None, [])  # (the round's key, its rows' RowNoise): see `_noise`
 
     def constrain(self, constraints) -> None:
@@ -242,6 +247,18 @@ class ContinuousBatching:
         if self.per_row is None:
             return verify_block(drafts, proposal.q, p, self._stream(VERIFY), self.verify)
         return self.per_row.verify(proposal, drafts, p, self._emitted(), self._noise())
+
+    def _logprobs(self, logits: torch.Tensor, p: torch.Tensor, result: BlockResult):
+        """Each active row's emitted tokens with their log-probabilities from this round's pass
+        (`logprobs.emitted`), where the row asked; None when no row did (nothing computed)."""
+        if self.per_row is None:
+            wants = [self.logprobs] * result.tokens.size(0)
+        else:
+            wants = [row.logprobs for row in self.per_row.settings]
+        if all(n is None for n in wants):
+            return None
+        return emitted(logits, p, result.tokens, result.num_emitted.tolist(), wants,
+                       self.logprobs_mode)
 
     def _noise(self) -> list:
         """This round's `RowNoise` of each active row under the coupled rule (None for the other

@@ -28,6 +28,7 @@ from exactspec.policy import Situation
 from exactspec.constraints import RowMatchers, as_constraint
 from exactspec.drafters import Drafter, Proposal, make_drafter
 from exactspec.driver import Driver, trace_line  # noqa: F401 (trace_line: part of the API)
+from exactspec.logprobs import TokenLogprob, check_logprobs_args
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.models.loaded import memory_of
 from exactspec.rows import DecodeStats, EndRow, Rows  # noqa: F401 (EndRow: part of the API)
@@ -51,6 +52,8 @@ class GenerateOutput:
     rounds_by_source: dict[str, int] = field(default_factory=dict)
     kept_by_source: dict[str, int] = field(default_factory=dict)  # drafts kept, per source
     constraint_seconds: float = 0.0  # spent in the grammar's matchers (`exactspec.constraints`)
+    # per row, one TokenLogprob per new token (`exactspec.logprobs`); None unless logprobs=N
+    logprobs: list[list[TokenLogprob]] | None = None
 
 
 # --------------------------------------------------------------------------- set-up and checks
@@ -150,7 +153,7 @@ class Decoder(ContinuousBatching):
 
     def __init__(self, target, drafter: Drafter, input_ids, attention_mask, *, max_new_tokens: int,
                  sampling: SamplingConfig, seed, eos_token_id, verify: str, on_tokens,
-                 constraint=None):
+                 constraint=None, logprobs: int | None = None, logprobs_mode: str = "raw"):
         model, tokenizer, name = unwrap_model(target, "target")
         ids, valid = left_pad(input_ids, attention_mask)
         check_context(model, name, ids.size(1) + max_new_tokens)
@@ -159,6 +162,7 @@ class Decoder(ContinuousBatching):
         self.lm = make_target(model, name, vocab, ids.size(0), self.memory)  # `exactspec.targets`
         self.ids, self.valid = ids.to(self.lm.device), valid.to(self.lm.device)
         self.drafter, self.sampling, self.verify = drafter, sampling, verify
+        self.logprobs, self.logprobs_mode = logprobs, logprobs_mode  # N alternatives, or None
         self.generator = _generator(distributed.agree_seed(seed), self.lm.device)  # same on every rank
         self.seed = self.generator.initial_seed()  # row b's noise: `noise.row_seed(seed, b)`
         self.prompt_lengths = self.valid.sum(dim=1).tolist()  # per row, for absolute positions
@@ -194,7 +198,8 @@ class Decoder(ContinuousBatching):
         drafted_at, fed_before, prefill = self.clock.read(), lm.tokens_fed, self.scorer.pending
         # 2. score: one target pass over the last committed token and the drafts (the first
         #    round's over the prompts and the drafts: its time says nothing of T(k), target_tokens 0)
-        p = sampling.probs(self.scorer.score(self.last, drafts), drafts=drafts)  # [b, γ'+1, V]
+        logits = self.scorer.score(self.last, drafts)  # [b, γ'+1, V]
+        p = sampling.probs(logits, drafts=drafts)  # [b, γ'+1, V]
         fed = 0 if prefill else (lm.tokens_fed - fed_before) // drafts.size(0)
         report = Round(drafts.size(1), None, fed,
                        drafted_at - started, self.clock.read() - drafted_at,
@@ -211,7 +216,7 @@ class Decoder(ContinuousBatching):
         report.evidence = drafter.evidence()
         self.rounds += 1
         going = rows.record(result, self._drafted(proposal, drafts), lm.calls - calls_before[0],
-                            drafter.calls - calls_before[1])
+                            drafter.calls - calls_before[1], self._logprobs(logits, p, result))
         self.matchers.advance([rows.new[row] for row in rows.active.tolist()])
         # 6. retire finished rows: they leave both caches
         self._retire(going)
@@ -263,8 +268,10 @@ class Decoder(ContinuousBatching):
         distributed.check_round(self.rows.new, self.rounds)
 
     def output(self) -> GenerateOutput:
-        return _output(self.ids, self.valid, self.rows, self.lm, self.drafter, self.rounds,
-                       self.clock.read())
+        out = _output(self.ids, self.valid, self.rows, self.lm, self.drafter, self.rounds,
+                      self.clock.read())
+        out.logprobs = None if self.logprobs is None else self.rows.logprobs
+        return out
 
 
 def _generate(target, drafter: Drafter, input_ids, attention_mask, *, gamma: int | str,
@@ -311,18 +318,22 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
                             top_p: float | None = None, seed: int | None = None,
                             eos_token_id=None, attention_mask=None,
                             on_tokens=None, sampling=None, constraint=None,
-                            on_round=None) -> GenerateOutput:
+                            on_round=None, logprobs: int | None = None,
+                            logprobs_mode: str = "raw") -> GenerateOutput:
     """Plain decoding of the target: one forward pass and one draw from p per output token.
     input_ids[B, L] with an optional attention_mask (left or right padding); `on_tokens`,
-    `sampling`, `constraint` and `on_round` as in `speculative_generate`. Each token is the race
+    `sampling`, `constraint`, `on_round`, `logprobs` and `logprobs_mode` as in
+    `speculative_generate`. Each token is the race
     over p with the noise of (row seed, position) (`exactspec.noise`; row b's from (seed, b)),
     so `speculative_generate(..., seed=seed, verify="coupled")` emits the same tokens."""
     check_generation_args(input_ids, max_new_tokens)
+    check_logprobs_args(logprobs, logprobs_mode)
     sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling
     return _generate(target, make_drafter(None), input_ids, attention_mask, gamma=0,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                      eos_token_id=eos_token_id, verify="coupled", on_tokens=on_tokens,
-                     constraint=constraint, on_round=on_round)
+                     constraint=constraint, on_round=on_round, logprobs=logprobs,
+                     logprobs_mode=logprobs_mode)
 
 
 @torch.inference_mode()
@@ -331,7 +342,8 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
                          top_p: float | None = None, seed: int | None = None,
                          eos_token_id=None, attention_mask=None, verify: str = "block",
                          on_tokens=None, sampling=None, constraint=None,
-                         on_round=None) -> GenerateOutput:
+                         on_round=None, logprobs: int | None = None,
+                         logprobs_mode: str = "raw") -> GenerateOutput:
     """Speculative decoding: each row's output follows the target's decoding distribution exactly.
 
     target: a Hugging Face causal LM or LoadedModel. draft: a model, a model spec, "ngram",
@@ -351,9 +363,14 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
     `constraint` (an `exactspec.Constraint`: JSON Schema, any JSON object, regex, Lark grammar)
     makes every row follow the constrained target (`exactspec.constraints`), drafting first
     what the grammar forces. `on_round(line)` is called after each round with its trace line (a
-    dict: `driver.trace_line`), which says who drafted, the γ chosen and why.
+    dict: `driver.trace_line`), which says who drafted, the γ chosen and why. `logprobs=N`
+    (0..20) records each new token's log-probability and its N most likely alternatives, read
+    from the pass that verified it (`GenerateOutput.logprobs`; `on_tokens` then gets them as its
+    `logprobs=` keyword); `logprobs_mode` "raw" (the model's log-softmax) or "processed" (log p):
+    see `exactspec.logprobs`.
     """
     check_generation_args(input_ids, max_new_tokens, gamma)
+    check_logprobs_args(logprobs, logprobs_mode)
     sampling = SamplingConfig(temperature, top_k, top_p) if sampling is None else sampling
     if verify not in VERIFY_RULES:
         raise ValueError(f"verify must be one of {VERIFY_RULES}, got {verify!r}")
@@ -361,4 +378,5 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int |
     return _generate(target, drafter, input_ids, attention_mask, gamma=gamma,
                      max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                      eos_token_id=eos_token_id, verify=verify, on_tokens=on_tokens,
-                     constraint=constraint, on_round=on_round)
+                     constraint=constraint, on_round=on_round, logprobs=logprobs,
+                     logprobs_mode=logprobs_mode)

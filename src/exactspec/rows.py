@@ -57,6 +57,7 @@ class Rows:
 
     def __init__(self, batch: int, max_new_tokens: int, eos: set[int], clock, on_tokens):
         self.new = [[] for _ in range(batch)]
+        self.logprobs = [[] for _ in range(batch)]  # TokenLogprob per new token, where asked
         self.stats = [DecodeStats() for _ in range(batch)]
         self.active = torch.arange(batch)  # original index of each row still in the batch
         self.max_new_tokens, self.eos, self.clock, self.on_tokens = max_new_tokens, eos, clock, on_tokens
@@ -70,12 +71,16 @@ class Rows:
         """Rows joining the batch at a round boundary: new original indices, appended last."""
         first = len(self.new)
         self.new += [[] for _ in budgets]
+        self.logprobs += [[] for _ in budgets]
         self.stats += [DecodeStats() for _ in budgets]
         self.budget += list(budgets)
         self.active = torch.cat([self.active, torch.arange(first, first + len(budgets))])
 
-    def record(self, result, drafted: int, target_calls: int, draft_calls: int) -> torch.Tensor:
-        """Count one round per active row; return the batch positions of rows still going."""
+    def record(self, result, drafted: int, target_calls: int, draft_calls: int,
+               logprobs=None) -> torch.Tensor:
+        """Count one round per active row; return the batch positions of rows still going.
+        logprobs[i] (`exactspec.logprobs.emitted`, None: not asked) is cut with row i's tokens
+        and reaches `on_tokens` as its `logprobs=` keyword."""
         now = self.clock.read()
         if self.first_token_at is None:
             self.first_token_at = now
@@ -84,10 +89,13 @@ class Rows:
             tau = int(result.num_accepted[i])
             new = cut(result.tokens[i, : tau + 1].tolist(), self.eos,
                        self.budget[row] - len(self.new[row]))
-            ended = self.on_tokens(row, new) if self.on_tokens is not None and new else None
+            chosen = None if logprobs is None or logprobs[i] is None else logprobs[i][: len(new)]
+            ended = self._tell(row, new, chosen)
             if isinstance(ended, EndRow):  # the callback's stopping rule ends the row here
                 new = new[: ended.keep]
             self.new[row].extend(new)
+            if chosen is not None:
+                self.logprobs[row].extend(chosen[: len(new)])
             count_round(self.stats[row], new, drafted if isinstance(drafted, int) else drafted[i],
                          tau, target_calls, draft_calls)
             if self.stats[row].time_to_first_token is None and new:
@@ -98,6 +106,13 @@ class Rows:
             else:
                 going.append(i)
         return torch.tensor(going, dtype=torch.long)
+
+    def _tell(self, row: int, new: list[int], logprobs):
+        if self.on_tokens is None or not new:
+            return None
+        if logprobs is None:
+            return self.on_tokens(row, new)
+        return self.on_tokens(row, new, logprobs=logprobs)
 
 
 @dataclass(frozen=True)

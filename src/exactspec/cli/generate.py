@@ -10,6 +10,7 @@ from pathlib import Path
 from exactspec.cli.common import (
     TARGET_HELP, CliError, print_json, print_table, read_prompts, start_tp, trace_writer)
 from exactspec.controller import MAX_GAMMA
+from exactspec.logprobs import LOGPROBS_MODES
 from exactspec.verify import VERIFY_RULES
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -50,6 +51,12 @@ def register(subparsers) -> None:
                      help="split the target over the ranks of `torchrun --nproc-per-node N` "
                           "(tensor parallelism; the draft is whole on every rank; rank 0 prints)")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--logprobs", type=int, metavar="N", default=None,
+                     help="record each new token's log-probability and its N (0-20) most likely "
+                          "alternatives, from the pass that verified it")
+    gen.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw",
+                     help="'raw': the model's log-softmax (default); 'processed': log p, after "
+                          "temperature, top-k/top-p and penalties")
     gen.add_argument("--trace", metavar="FILE",
                      help="write one JSON line per round to FILE: who drafted, the γ chosen and "
                           "why, drafts proposed and kept, the draft's and the pass's seconds")
@@ -125,7 +132,7 @@ class TextStream:
     def __init__(self, tokenizer):
         self.tokenizer, self.ids, self.printed = tokenizer, [], ""
 
-    def __call__(self, row: int, new_ids: list[int]) -> None:
+    def __call__(self, row: int, new_ids: list[int], logprobs=None) -> None:
         self.ids.extend(new_ids)
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.startswith(self.printed):
@@ -158,11 +165,26 @@ def _generate(target, draft, input_ids, args, on_tokens=None, attention_mask=Non
                     top_k=getattr(args, "top_k", None), top_p=getattr(args, "top_p", None),
                     seed=args.seed, on_tokens=on_tokens, attention_mask=attention_mask,
                     constraint=getattr(args, "constraint", None),
-                    on_round=getattr(args, "on_round", None))
+                    on_round=getattr(args, "on_round", None),
+                    logprobs=getattr(args, "logprobs", None),
+                    logprobs_mode=getattr(args, "logprobs_mode", "raw"))
     if draft is None:
         return autoregressive_generate(target, input_ids, **sampling)
     return speculative_generate(target, draft, input_ids, gamma=args.gamma,
                                 verify=getattr(args, "verify", "block"), **sampling)
+
+
+def _logprobs_json(tokenizer, logprobs) -> list[dict]:
+    """A row's `TokenLogprob`s with the field names of the object, each token's text beside its
+    id; −inf (excluded by the settings, "processed" mode) as null."""
+    def value(v):
+        return None if v == -math.inf else v
+
+    def text(token):
+        return tokenizer.decode([token])
+    return [{"token": t.token, "text": text(t.token), "logprob": value(t.logprob),
+             "top": [{"token": i, "text": text(i), "logprob": value(v)} for i, v in t.top]}
+            for t in logprobs]
 
 
 def _stats_rows(named_stats: dict) -> list[dict]:
@@ -199,6 +221,8 @@ def run_generate(args) -> int:
         new_ids = sequence[length:].tolist()
         results.append({"prompt": prompt, "token_ids": new_ids, "stats": stats.to_dict(),
                         "text": target.tokenizer.decode(new_ids, skip_special_tokens=True)})
+        if out.logprobs is not None:
+            results[-1]["logprobs"] = _logprobs_json(target.tokenizer, out.logprobs[len(results) - 1])
         if args.constraint is not None and len(new_ids) >= args.max_new_tokens:
             _log(f"warning: a row stopped at --max-new-tokens {args.max_new_tokens} before its "
                  "constraint could end; raise --max-new-tokens for a complete output")
@@ -215,6 +239,8 @@ def run_generate(args) -> int:
         if len(results) > 1:
             print(f"--- [{i}] {result['prompt']}")
         print(result["text"] if stream is None else "")
+        for entry in result.get("logprobs", ()):
+            print(f"  {entry['text']!r:>16} {entry['logprob']}")
         print()
     named = {f"[{i}]": s for i, s in enumerate(out.row_stats)} if len(results) > 1 else {}
     named[_draft_name(draft) if len(results) == 1 else "batch"] = out.stats

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exactspec.batching import RowSettings
 from exactspec.serve.drafts import drafter_factory
+from exactspec.serve.logprobs import Spelling, chat_logprobs, completion_logprobs
 from exactspec.serve.metrics import ServerMetrics
 from exactspec.serve.protocol import ApiError, Params, parse_request, speculative_metrics
 from exactspec.serve.scheduler import Job, QueueFull, Scheduler
@@ -221,7 +222,7 @@ def _settings(state: ServerState, params: Params, prompt_tokens: int) -> RowSett
                        constraint=params.constraint, frequency_penalty=params.frequency_penalty,
                        presence_penalty=params.presence_penalty,
                        repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias,
-                       min_p=params.min_p)
+                       min_p=params.min_p, logprobs=params.logprobs)
 
 
 def _check_constrainable(state: ServerState) -> None:
@@ -258,12 +259,17 @@ class _Reply:
         self.tokens = 0
         self.finish_reason: str | None = None
         self.first_token_at: float | None = None
+        self.spell = None if params.logprobs is None else Spelling(state.target.tokenizer)
+        self.offset = 0  # completions' text_offset of the next token
 
     async def deltas(self):
-        """Text deltas as rounds finish; sets finish_reason. Raises ApiError(500) on an engine error."""
+        """(text delta, its round's TokenLogprobs or None) as rounds finish; sets finish_reason.
+        Raises ApiError(500) on an engine error. A round's logprobs come whole, with the text
+        it released (held-back text comes later, its tokens' logprobs do not wait)."""
         while self.finish_reason is None:
-            event = await self.job.events.get()
+            event, chosen = await self.job.events.get(), None
             if event[0] == "tokens":
+                chosen = event[2]
                 if self.first_token_at is None:
                     self.first_token_at = time.perf_counter()
                     self.state.metrics.ttft.observe(self.first_token_at - self.job.created)
@@ -276,8 +282,8 @@ class _Reply:
                 delta, self.finish_reason = self.text.flush(), event[1]
             else:
                 raise ApiError(500, event[1], type="server_error")
-            if delta:
-                yield delta
+            if delta or chosen:
+                yield delta, chosen
         self._observe()
 
     def _observe(self) -> None:
@@ -297,20 +303,31 @@ class _Reply:
         return {"id": self.id, "object": kind + (".chunk" if chunk and self.params.kind == "chat" else ""),
                 "created": self.created, "model": self.state.model_name}
 
-    def _choice(self, text: str | None, finish, chunk: bool, first: bool = False) -> dict:
+    def _logprobs(self, chosen) -> dict | None:
+        if self.spell is None or chosen is None:
+            return None
+        if self.params.kind == "chat":
+            return chat_logprobs(self.spell, chosen)
+        out = completion_logprobs(self.spell, chosen, self.offset)
+        self.offset += sum(len(token) for token in out["tokens"])
+        return out
+
+    def _choice(self, text: str | None, finish, chunk: bool, first: bool = False,
+                chosen=None) -> dict:
+        logprobs = self._logprobs(chosen)
         if self.params.kind == "completions":
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         if not chunk:
             return {"index": 0, "message": {"role": "assistant", "content": text},
-                    "logprobs": None, "finish_reason": finish}
+                    "logprobs": logprobs, "finish_reason": finish}
         delta = {"role": "assistant", "content": text or ""} if first else (
             {"content": text} if text else {})
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     async def whole(self, request: Request) -> JSONResponse:
         """The non-streamed answer; a client that goes away cancels its row."""
-        parts = []
-        collector = asyncio.ensure_future(self._collect(parts))
+        parts, chosen = [], []
+        collector = asyncio.ensure_future(self._collect(parts, chosen))
         while not collector.done():
             await asyncio.wait([collector], timeout=0.5)
             if not collector.done() and await request.is_disconnected():
@@ -318,13 +335,16 @@ class _Reply:
                 self.state.scheduler.cancel(self.job)
                 return JSONResponse({}, status_code=499)
         collector.result()
-        body = {**self._head(False), "choices": [self._choice("".join(parts), self.finish_reason, False)],
+        choice = self._choice("".join(parts), self.finish_reason, False,
+                              chosen=chosen if self.spell is not None else None)
+        body = {**self._head(False), "choices": [choice],
                 "usage": self.usage(), "metrics": {"speculative_decoding": speculative_metrics(self.job.stats)}}
         return JSONResponse(body)
 
-    async def _collect(self, parts: list[str]) -> None:
-        async for delta in self.deltas():
+    async def _collect(self, parts: list[str], chosen: list) -> None:
+        async for delta, logprobs in self.deltas():
             parts.append(delta)
+            chosen.extend(logprobs or ())
 
     async def stream(self):
         """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
@@ -332,8 +352,9 @@ class _Reply:
             if self.params.kind == "chat":  # the first delta carries the role
                 yield _sse({**self._head(True), "choices": [self._choice("", None, True, first=True)]})
             try:
-                async for delta in self.deltas():
-                    yield _sse({**self._head(True), "choices": [self._choice(delta, None, True)]})
+                async for delta, chosen in self.deltas():
+                    choice = self._choice(delta, None, True, chosen=chosen)
+                    yield _sse({**self._head(True), "choices": [choice]})
             except ApiError as err:
                 yield _sse(err.body())
                 yield "data: [DONE]\n\n"

@@ -4,10 +4,11 @@ Supported: `model`, `prompt` (completions: a string or a list of token ids) / `m
 `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`, `stream`,
 `stream_options.include_usage`, `frequency_penalty` and `presence_penalty` (in [-2, 2]),
 `logit_bias` ({token id: bias in [-100, 100]}), and the extras `min_p` (in [0, 1]),
-`repetition_penalty` (> 0), `top_k`, `gamma` (an integer in [0, 32] or
+`repetition_penalty` (> 0), `logprobs` (chat: a boolean, with `top_logprobs` in [0, 20];
+completions: an integer in [0, 20]; see `serve.logprobs`), `top_k`, `gamma` (an integer in [0, 32] or
 "auto"), `verify` ("block", "token" or "coupled"; default: "coupled" for a request with a
 `seed`, so its text does not depend on its company, else the server's rule). Fields that only
-restate the default (`n: 1`, `logprobs: false`, null values, ...) are accepted; any other field,
+restate the default (`n: 1`, `echo: false`, null values, ...) are accepted; any other field,
 or a value the server cannot honour, is a 400 naming the field — never silently ignored.
 """
 from __future__ import annotations
@@ -17,18 +18,19 @@ from dataclasses import dataclass, field
 
 from exactspec.controller import MAX_GAMMA
 from exactspec.constraints import Constraint
+from exactspec.logprobs import MAX_TOP_LOGPROBS
 from exactspec.penalties import logit_bias_pairs
 from exactspec.verify import VERIFY_RULES
 
 MAX_STOPS = 4
 # Fields accepted when they hold their default (or null): they change nothing.
-_NO_OPS = {"n": 1, "logprobs": False, "echo": False, "best_of": 1, "parallel_tool_calls": None, "tools": [], "functions": [],
+_NO_OPS = {"n": 1, "echo": False, "best_of": 1, "parallel_tool_calls": None, "tools": [], "functions": [],
            "user": "*", "tool_choice": "none"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
           "stream_options", "gamma", "verify", "response_format", "frequency_penalty",
-          "presence_penalty", "repetition_penalty", "logit_bias", "min_p"}
+          "presence_penalty", "repetition_penalty", "logit_bias", "min_p", "logprobs"}
 FIELDS = {"completions": COMMON | {"prompt"},
-          "chat": COMMON | {"messages", "max_completion_tokens"}}
+          "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 
 
 class ApiError(Exception):
@@ -72,6 +74,7 @@ class Params:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] | None = None  # sorted (token id, bias) pairs
     min_p: float | None = None
+    logprobs: int | None = None  # alternatives per token; None: no logprobs
 
 
 def _number(body: dict, name: str, low: float, high: float, default, *, integer=False, low_open=False):
@@ -193,7 +196,22 @@ def parse_request(body, kind: str) -> Params:
     params.verify = verify
     params.constraint = _response_format(body.get("response_format"))
     _penalties(body, params)
+    params.logprobs = _logprobs(body, kind)
     return params
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """The alternatives per token asked for: completions' `logprobs` N, chat's `top_logprobs`
+    (0 when absent) once `logprobs` is true; None when not asked."""
+    if kind == "completions":
+        return _number(body, "logprobs", 0, MAX_TOP_LOGPROBS, None, integer=True)
+    asked = body.get("logprobs")
+    if asked is not None and not isinstance(asked, bool):
+        raise bad("logprobs", f"logprobs must be a boolean, got {asked!r}")
+    top = _number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None, integer=True)
+    if top is not None and not asked:
+        raise bad("top_logprobs", "top_logprobs needs logprobs = true")
+    return (top or 0) if asked else None
 
 
 def _penalties(body: dict, params: Params) -> None:

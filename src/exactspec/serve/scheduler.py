@@ -6,7 +6,8 @@ prefill); one round runs over the batch (`driver.Driver`: the γ of the rows who
 comes from one `BatchController` per drafter for as long as the server runs, from past rounds
 only); finished rows leave. Tokens reach the request handlers
 through `loop.call_soon_threadsafe` onto each request's asyncio queue, as
-("tokens", ids) events and one final ("done", finish_reason) or ("error", message).
+("tokens", ids, logprobs) events (logprobs: one `TokenLogprob` per id where the request asked,
+else None) and one final ("done", finish_reason) or ("error", message).
 """
 from __future__ import annotations
 
@@ -186,10 +187,10 @@ class Scheduler:
             self.policies[name] = BatchController.shared(decoder.memory, name)
         return self.policies[name]
 
-    def _on_tokens(self, row: int, new_ids: list[int]) -> None:
+    def _on_tokens(self, row: int, new_ids: list[int], logprobs=None) -> None:
         job = self.running.get(row)
         if job is not None:
-            job.send("tokens", list(new_ids))
+            job.send("tokens", list(new_ids), logprobs)
 
     def _round(self) -> None:
         decoder = self.decoder
