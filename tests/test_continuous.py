@@ -200,7 +200,7 @@ class RecordingPolicy:
         if self.controller is None:
             self.controller = self.controller_type.shared(decoder.memory, decoder.drafter.name)
         report = Driver(decoder, self.controller).step()
-        self.chosen.append(decoder.per_row.auto_gamma)
+        self.chosen.append(decoder.settings.auto_gamma)
         return report
 
 

@@ -94,13 +94,60 @@ class RowSettings:
                               self.min_p)
 
 
+class SharedSettings:
+    """Every row decodes with one SamplingConfig, one generator (the Decoder's), one γ and one
+    rule; row b's coupled noise is from (seed, b). The other kind of rows' settings: `PerRow`."""
+
+    def __init__(self, sampling, generator: torch.Generator, verify: str, budget_left,
+                 logprobs: int | None = None):
+        self.sampling_config, self.generator, self.rule = sampling, generator, verify
+        self.logprobs = logprobs  # alternatives to record per token for every row, or None
+        self.seed = generator.initial_seed()  # row b's noise: `noise.row_seed(seed, b)`
+        self.budget_left = budget_left  # the Rows' budget_left(): the most any row may emit
+
+    def auto(self) -> bool:
+        return True
+
+    def sampling(self):
+        return self.sampling_config
+
+    def drafted(self) -> None:
+        return None  # every row drafted the round's block
+
+    def block(self, gamma: int, emitted: list[int]) -> int:
+        """γ capped by the longest budget left."""
+        return min(gamma, self.budget_left() - 1)
+
+    def streams(self, purpose: int, emitted: list[int], noise: list):
+        """The round's draws: the rows' `RowNoise` under the coupled rule, else the generator."""
+        return noise if self.rule == "coupled" else self.generator
+
+    def verify(self, proposal, drafts: torch.Tensor, p: torch.Tensor, emitted: list[int],
+               noise: list) -> BlockResult:
+        return verify_block(drafts, proposal.q, p, self.streams(VERIFY, emitted, noise), self.rule)
+
+    def noise_keys(self, rows: list[int]) -> tuple[list[int], list[str]]:
+        """Each active row's noise seed and rule (rows: their indices in the whole batch)."""
+        return [row_seed(self.seed, row) for row in rows], [self.rule] * len(rows)
+
+    def count_drafted(self, proposal, drafts: torch.Tensor, emitted: list[int]) -> int:
+        return drafts.size(1)
+
+    def select(self, going: torch.Tensor) -> None:
+        pass
+
+    def wanted_logprobs(self, rows: int) -> list[int | None]:
+        return [self.logprobs] * rows
+
+
 class PerRow:
-    """The settings and stream seeds of the rows in the batch, in batch order."""
+    """The settings and stream seeds of the rows in the batch, in batch order: each row its own
+    SamplingConfig, seed, γ (an integer or "auto") and rule."""
 
     def __init__(self, settings, device: torch.device):
         self.device = device
         self.auto_gamma = 0  # this round's γ for the rows whose gamma is "auto"
-        self.drafted: list[int] = []  # the drafts each row verified in the last round
+        self.verified: list[int] = []  # the drafts each row verified in the last round
         self.settings: list[RowSettings] = []
         self.seeds: list[int] = []
         self.join(settings)
@@ -116,8 +163,35 @@ class PerRow:
         self.settings = [self.settings[i] for i in keep]
         self.seeds = [self.seeds[i] for i in keep]
 
+    def auto(self) -> bool:
+        """Whether some row's γ is "auto" (the policy chooses it)."""
+        return any(row.gamma == AUTO for row in self.settings)
+
     def sampling(self) -> RowSampling:
         return RowSampling(row.sampling for row in self.settings)
+
+    def wanted_logprobs(self, rows: int) -> list[int | None]:
+        return [row.logprobs for row in self.settings]
+
+    def drafted(self) -> list[int]:
+        return self.verified
+
+    def block(self, gamma: int, emitted: list[int]) -> int:
+        """The largest γ_b (`gammas`), with the "auto" rows at γ."""
+        self.auto_gamma = gamma
+        return max(self.gammas(emitted))
+
+    def streams(self, purpose: int, emitted: list[int], noise: list) -> list:
+        return self.generators(purpose, emitted, noise)
+
+    def noise_keys(self, rows: list[int]) -> tuple[list[int], list[str]]:
+        """Each row's noise seed and rule: each row its own request, row 0 of its seed."""
+        return [row_seed(seed) for seed in self.seeds], [row.verify for row in self.settings]
+
+    def count_drafted(self, proposal, drafts: torch.Tensor, emitted: list[int]) -> list[int]:
+        """Drafts each row verified: its γ_b, cut to what it proposed itself."""
+        self.verified = self.lengths(proposal, emitted)
+        return self.verified
 
     def gammas(self, emitted: list[int]) -> list[int]:
         """γ_b = min(γ, budget left − 1): no row drafts past its own budget."""
@@ -151,12 +225,14 @@ class PerRow:
 
 
 class ContinuousBatching:
-    """The `Decoder`'s continuous-batching half (mixed into `exactspec.engine.Decoder`).
+    """The `Decoder`'s continuous-batching half: the rows' settings and streams (`settings`,
+    `SharedSettings` or `PerRow`) and rows joining and leaving. Mixed into
+    `exactspec.engine.Decoder`, whose attributes it reads: `lm`, `drafter`, `rows`, `matchers`,
+    `last`, `prompt_lengths`, `rounds`, `done`, `sampling`.
 
-    Without `use_row_settings` the Decoder runs as always: one SamplingConfig, one generator,
-    one γ and rule for every row. With it, every row decodes with its own `RowSettings` (each
-    row drafts its own γ_b; the γ passed to `step` is the γ of the rows whose gamma is "auto",
-    see `batch_controller.BatchController`), rows may `join` at a round
+    Until `use_row_settings`, every row shares the Decoder's SamplingConfig, generator, γ and rule.
+    With it, every row decodes with its own `RowSettings` (each row drafts its own γ_b; the γ
+    passed to `step` is the γ of the rows whose gamma is "auto"), rows may `join` at a round
     boundary and be `cancel`led between rounds.
 
     Joining: a new row's prompt minus its last token is prefilled on its own and merged into the
@@ -164,8 +240,7 @@ class ContinuousBatching:
     committed token, so the next round feeds [last, drafts] for every row alike.
     """
 
-    per_row: PerRow | None = None
-    logprobs: int | None = None  # the Decoder's N for every row (per-row: `RowSettings.logprobs`)
+    settings: SharedSettings | PerRow
     logprobs_mode: str = "raw"
     _round_noise: tuple = (None, [])  # (the round's key, its rows' RowNoise): see `_noise`
 
@@ -182,8 +257,8 @@ class ContinuousBatching:
         if len(settings) != self.rows.active.numel() or self.rounds:
             raise ValueError(f"settings must give one RowSettings per row "
                              f"({self.rows.active.numel()}) before the first round, got {len(settings)}")
-        self.per_row = PerRow(settings, self.lm.device)
-        self.sampling = self.per_row.sampling()
+        self.settings = PerRow(settings, self.lm.device)
+        self.sampling = self.settings.sampling()
         self.matchers.select(torch.arange(0))  # the rows' own constraints replace the batch's
         self.constrain(row.constraint for row in settings)
         self.rows.budget = [row.max_new_tokens for row in settings]
@@ -193,7 +268,7 @@ class ContinuousBatching:
         """Add rows (prompts [n, L], left or right padded) at a round boundary; returns their row
         indices (as `on_tokens` and `rows.new` number them)."""
 
-        if self.per_row is None or self.rounds == 0 or self.done:
+        if not isinstance(self.settings, PerRow) or self.rounds == 0 or self.done:
             raise RuntimeError("join needs a running per-row Decoder after its first round")
         ids, valid = (t.to(self.lm.device) for t in left_pad(input_ids, attention_mask))
         settings = list(settings)
@@ -207,8 +282,8 @@ class ContinuousBatching:
         self.prompts += list(zip(ids, valid))
         first = len(self.rows.new)
         self.rows.join([row.max_new_tokens for row in settings])
-        self.per_row.join(settings)
-        self.sampling = self.per_row.sampling()
+        self.settings.join(settings)
+        self.sampling = self.settings.sampling()
         self.constrain(row.constraint for row in settings)
         return list(range(first, first + ids.size(0)))
 
@@ -220,41 +295,30 @@ class ContinuousBatching:
 
     def auto_rows(self) -> bool:
         """Whether the policy chooses this round's γ: one γ for all rows, or some row's is "auto"."""
-        return self.per_row is None or any(row.gamma == AUTO for row in self.per_row.settings)
+        return self.settings.auto()
 
     def row_drafts(self) -> list[int] | None:
         """The drafts each row verified in the last round (None: every row the round's block)."""
-        return None if self.per_row is None else self.per_row.drafted
+        return self.settings.drafted()
 
     def _emitted(self) -> list[int]:
         return [len(self.rows.new[row]) for row in self.rows.active.tolist()]
 
     def _block(self, gamma: int) -> int:
         """The round's block: γ capped by the longest budget left, or the largest γ_b per row."""
-        if self.per_row is None:
-            return min(gamma, self.rows.budget_left() - 1)
-        self.per_row.auto_gamma = gamma
-        return max(self.per_row.gammas(self._emitted()))
+        return self.settings.block(gamma, self._emitted())
 
     def _stream(self, purpose: int):
-        """The generator for this round's draws: the Decoder's own (its rows' `RowNoise` under
-        the coupled rule), or one fresh stream per row."""
-        if self.per_row is None:
-            return self._noise() if self.verify == "coupled" else self.generator
-        return self.per_row.generators(purpose, self._emitted(), self._noise())
+        """This round's draws for `purpose` (DRAFT or VERIFY)."""
+        return self.settings.streams(purpose, self._emitted(), self._noise())
 
     def _verify(self, proposal, drafts: torch.Tensor, p: torch.Tensor) -> BlockResult:
-        if self.per_row is None:
-            return verify_block(drafts, proposal.q, p, self._stream(VERIFY), self.verify)
-        return self.per_row.verify(proposal, drafts, p, self._emitted(), self._noise())
+        return self.settings.verify(proposal, drafts, p, self._emitted(), self._noise())
 
     def _logprobs(self, logits: torch.Tensor, p: torch.Tensor, result: BlockResult):
         """Each active row's emitted tokens with their log-probabilities from this round's pass
         (`logprobs.emitted`), where the row asked; None when no row did (nothing computed)."""
-        if self.per_row is None:
-            wants = [self.logprobs] * result.tokens.size(0)
-        else:
-            wants = [row.logprobs for row in self.per_row.settings]
+        wants = self.settings.wanted_logprobs(result.tokens.size(0))
         if all(n is None for n in wants):
             return None
         return emitted(logits, p, result.tokens, result.num_emitted.tolist(), wants,
@@ -265,11 +329,7 @@ class ContinuousBatching:
         rows): its seed, from its absolute position (prompt tokens + tokens emitted) on. Made
         once a round, so the draft's races and the target's share their noise."""
         rows, emitted = self.rows.active.tolist(), self._emitted()
-        if self.per_row is None:
-            seeds, rules = [row_seed(self.seed, row) for row in rows], [self.verify] * len(rows)
-        else:  # each row its own request: row 0 of its seed
-            seeds = [row_seed(seed) for seed in self.per_row.seeds]
-            rules = [row.verify for row in self.per_row.settings]
+        seeds, rules = self.settings.noise_keys(rows)
         starts = [self.prompt_lengths[row] + n for row, n in zip(rows, emitted)]
         key = (tuple(seeds), tuple(starts), tuple(rules))
         if self._round_noise[0] != key:
@@ -278,8 +338,5 @@ class ContinuousBatching:
         return self._round_noise[1]
 
     def _drafted(self, proposal, drafts: torch.Tensor):
-        """Drafts each row proposed this round: the block, or each row's own."""
-        if self.per_row is None:
-            return drafts.size(1)
-        self.per_row.drafted = self.per_row.lengths(proposal, self._emitted())
-        return self.per_row.drafted
+        """Drafts each row verified this round: the block, or each row's own."""
+        return self.settings.count_drafted(proposal, drafts, self._emitted())

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from exactspec import distributed
-from exactspec.batching import DRAFT, ContinuousBatching, left_pad
+from exactspec.batching import DRAFT, ContinuousBatching, SharedSettings, left_pad
 from exactspec.controller import AUTO, MAX_GAMMA, Controller, GammaController
 from exactspec.policy import Situation
 from exactspec.constraints import RowMatchers, as_constraint
@@ -161,15 +161,15 @@ class Decoder(ContinuousBatching):
         self.memory = memory_of(target)  # what generations with this target remember
         self.lm = make_target(model, name, vocab, ids.size(0), self.memory)  # `exactspec.targets`
         self.ids, self.valid = ids.to(self.lm.device), valid.to(self.lm.device)
-        self.drafter, self.sampling, self.verify = drafter, sampling, verify
-        self.logprobs, self.logprobs_mode = logprobs, logprobs_mode  # N alternatives, or None
-        self.generator = _generator(distributed.agree_seed(seed), self.lm.device)  # same on every rank
-        self.seed = self.generator.initial_seed()  # row b's noise: `noise.row_seed(seed, b)`
+        self.drafter, self.sampling = drafter, sampling
+        self.logprobs_mode = logprobs_mode  # "raw" or "processed" (`exactspec.logprobs`)
+        generator = _generator(distributed.agree_seed(seed), self.lm.device)  # same on every rank
         self.prompt_lengths = self.valid.sum(dim=1).tolist()  # per row, for absolute positions
         self.prompts = list(zip(self.ids, self.valid))  # per row: its prompt row as given, its mask
         self.clock = _Clock(self.lm.device)
         eos = _eos_set(eos_token_id, (model, tokenizer))
         self.rows = Rows(ids.size(0), max_new_tokens, eos, self.clock, on_tokens)
+        self.settings = SharedSettings(sampling, generator, verify, self.rows.budget_left, logprobs)
         self.matchers = RowMatchers(tokenizer, vocab, eos, self.memory)  # each row's grammar, if any
         self.constrain([as_constraint(constraint)] * ids.size(0))
         self.scorer = Scorer(self.lm, self.ids, self.valid)
@@ -200,20 +200,21 @@ class Decoder(ContinuousBatching):
         #    round's over the prompts and the drafts: its time says nothing of T(k), target_tokens 0)
         logits = self.scorer.score(self.last, drafts)  # [b, γ'+1, V]
         p = sampling.probs(logits, drafts=drafts)  # [b, γ'+1, V]
+        scored_at, catch_up = self.clock.read(), drafter.catch_up
+        draft_calls = drafter.calls - calls_before[1]
         fed = 0 if prefill else (lm.tokens_fed - fed_before) // drafts.size(0)
-        report = Round(drafts.size(1), None, fed,
-                       drafted_at - started, self.clock.read() - drafted_at,
-                       drafter.calls - calls_before[1], drafter.catch_up, lag,
-                       free=free)
         # 3. verify: keep a prefix of the drafts, then one correction or bonus token
         result = self._verify(proposal, drafts, p)
-        report.num_accepted = tau = result.num_accepted  # [b]
+        tau = result.num_accepted  # [b]
         self.last = result.tokens.gather(1, tau.unsqueeze(1)).squeeze(1)  # [b], correction or bonus
         # 4. roll back: drafts after a rejection leave the target's cache (stop at the first rejection)
         lm.discard_last(drafts.size(1) - tau)
         # 5. commit: the drafter learns what was kept; the rows record what was emitted
         drafter.commit(tau, self.last)
-        report.evidence = drafter.evidence()
+        report = Round(drafted=drafts.size(1), num_accepted=tau, target_tokens=fed,
+                       draft_seconds=drafted_at - started, target_seconds=scored_at - drafted_at,
+                       draft_calls=draft_calls, catch_up=catch_up, lag=lag,
+                       evidence=drafter.evidence(), free=free)
         self.rounds += 1
         going = rows.record(result, self._drafted(proposal, drafts), lm.calls - calls_before[0],
                             drafter.calls - calls_before[1], self._logprobs(logits, p, result))
@@ -244,9 +245,8 @@ class Decoder(ContinuousBatching):
             return
         self.rows.active, self.last = self.rows.active[going], self.last[going]
         self.done = going.numel() == 0
-        if self.per_row is not None:
-            self.per_row.select(going)
-            self.sampling = self.per_row.sampling()
+        self.settings.select(going)
+        self.sampling = self.settings.sampling()
         self.matchers.select(going)
         if not self.done:
             self.scorer.prefill()  # rows cancelled before the first round: the prompts first
@@ -270,7 +270,7 @@ class Decoder(ContinuousBatching):
     def output(self) -> GenerateOutput:
         out = _output(self.ids, self.valid, self.rows, self.lm, self.drafter, self.rounds,
                       self.clock.read())
-        out.logprobs = None if self.logprobs is None else self.rows.logprobs
+        out.logprobs = None if self.settings.logprobs is None else self.rows.logprobs
         return out
 
 
