@@ -23,6 +23,8 @@ from exactspec.serve.metrics import ServerMetrics
 from exactspec.serve.protocol import ApiError, Params, parse_request, speculative_metrics
 from exactspec.serve.scheduler import Job, QueueFull, Scheduler
 from exactspec.serve.text import TextStream
+from exactspec.serve.tool_calls import ToolCallReader, chat_prompt, delta_calls
+from exactspec.serve.tools import tool_constraint
 
 log = logging.getLogger("exactspec.serve")
 DEFAULT_MAX_TOKENS = {"completions": 16, "chat": 512}  # OpenAI's completions default is 16
@@ -183,7 +185,8 @@ def _encode(state: ServerState, params: Params) -> list[int]:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ApiError(400, "this model's tokenizer has no chat template; use /v1/completions",
                            param="messages")
-        encoded = tokenizer.apply_chat_template(params.messages, add_generation_prompt=True,
+        messages, tools = chat_prompt(tokenizer, params.messages, params.tools)  # tools: serve.tool_calls
+        encoded = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                                 return_tensors="pt")
         ids = encoded if not hasattr(encoded, "keys") else encoded["input_ids"]
         return ids[0].tolist()
@@ -211,33 +214,35 @@ def _settings(state: ServerState, params: Params, prompt_tokens: int) -> RowSett
                             f"{prompt_tokens + max_tokens} were requested ({prompt_tokens} in the "
                             f"{field}, {max_tokens} to generate)", param=field,
                        code="context_length_exceeded")
-    if params.constraint is not None:
-        _check_constrainable(state)
+    constraint = params.constraint
+    if constraint is not None:
+        _check_constrainable(state, "response_format")
+    elif params.tools is not None:  # the reply follows the tools' grammar (serve.tools)
+        constraint = tool_constraint(params.tools, state.target.tokenizer, _check_constrainable(state, "tools"))
     if params.logit_bias and params.logit_bias[-1][0] >= state.target.vocab_size:
         raise ApiError(400, f"logit_bias token ids must be in [0, {state.target.vocab_size}), got "
                             f"{params.logit_bias[-1][0]}", param="logit_bias")
     gamma = state.config.gamma if params.gamma is None else params.gamma
     return RowSettings(max_new_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k,
                        top_p=params.top_p, seed=params.seed, gamma=gamma, verify=_rule(state, params),
-                       constraint=params.constraint, frequency_penalty=params.frequency_penalty,
+                       constraint=constraint, frequency_penalty=params.frequency_penalty,
                        presence_penalty=params.presence_penalty,
                        repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias,
                        min_p=params.min_p, logprobs=params.logprobs)
 
 
-def _check_constrainable(state: ServerState) -> None:
-    """A 400 naming response_format when llguidance cannot read the model's tokenizer (made once,
-    then kept for every constrained request)."""
+def _check_constrainable(state: ServerState, param: str):
+    """llguidance's view of the model's tokenizer (made once, then kept for every constrained
+    request); a 400 naming `param` when llguidance cannot read it."""
     from exactspec.constraints import matcher_tokenizer
     from exactspec.models import eos_token_ids, usable_vocab
     from exactspec.models.loaded import memory_of
 
     try:
-        matcher_tokenizer(state.target.tokenizer, usable_vocab(state.target),
-                          set(eos_token_ids(state.target)), memory_of(state.target))
+        return matcher_tokenizer(state.target.tokenizer, usable_vocab(state.target),
+                                 set(eos_token_ids(state.target)), memory_of(state.target))
     except (ValueError, ImportError) as err:
-        raise ApiError(400, f"response_format is not available for this model: {err}",
-                       param="response_format") from None
+        raise ApiError(400, f"{param} is not available for this model: {err}", param=param) from None
 
 
 def _rule(state: ServerState, params: Params) -> str:
@@ -261,6 +266,7 @@ class _Reply:
         self.first_token_at: float | None = None
         self.spell = None if params.logprobs is None else Spelling(state.target.tokenizer)
         self.offset = 0  # completions' text_offset of the next token
+        self.calls = ToolCallReader() if params.tools is not None and params.tools.calls else None
 
     async def deltas(self):
         """(text delta, its round's TokenLogprobs or None) as rounds finish; sets finish_reason.
@@ -290,8 +296,9 @@ class _Reply:
         metrics = self.state.metrics
         metrics.observe_request(len(self.job.prompt), speculative_metrics(self.job.stats),
                                 self.tokens, self.finish_reason, time.perf_counter() - self.job.created)
-        if self.params.constraint is not None:
-            metrics.constrained.labels(kind=self.params.constraint.kind).inc()
+        if self.params.constraint is not None or self.params.tools is not None:
+            kind = "tools" if self.params.constraint is None else self.params.constraint.kind
+            metrics.constrained.labels(kind=kind).inc()
 
     def usage(self) -> dict:
         prompt = len(self.job.prompt)
@@ -317,12 +324,27 @@ class _Reply:
         logprobs = self._logprobs(chosen)
         if self.params.kind == "completions":
             return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+        fields = {"role": "assistant", "content": text or ""} if first else self._delta(text, chunk)
+        if self.calls is not None and self.calls.calls and finish == "stop":
+            finish = "tool_calls"  # the reply ended after its calls
         if not chunk:
-            return {"index": 0, "message": {"role": "assistant", "content": text},
-                    "logprobs": logprobs, "finish_reason": finish}
-        delta = {"role": "assistant", "content": text or ""} if first else (
-            {"content": text} if text else {})
-        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            return {"index": 0, "message": {"role": "assistant", **fields}, "logprobs": logprobs,
+                    "finish_reason": finish}
+        return {"index": 0, "delta": fields, "logprobs": logprobs, "finish_reason": finish}
+
+    def _delta(self, text: str | None, chunk: bool) -> dict:
+        """A chat chunk's delta (chunk) or the whole reply's message fields: the text, read for
+        tool calls when the request has tools (`serve.tool_calls`; text None: the end)."""
+        if self.calls is None:
+            return {"content": text} if text or not chunk else {}
+        content, calls = self.calls.push(text or "")
+        if text is None or not chunk:
+            content += self.calls.flush()
+        if not chunk:
+            return {"content": content or None, "tool_calls": calls} if calls else {"content": content}
+        first = len(self.calls.calls) - len(calls)
+        return {**({"content": content} if content else {}),
+                **({"tool_calls": delta_calls(calls, first)} if calls else {})}
 
     async def whole(self, request: Request) -> JSONResponse:
         """The non-streamed answer; a client that goes away cancels its row."""
@@ -354,7 +376,8 @@ class _Reply:
             try:
                 async for delta, chosen in self.deltas():
                     choice = self._choice(delta, None, True, chosen=chosen)
-                    yield _sse({**self._head(True), "choices": [choice]})
+                    if choice.get("delta") != {} or choice["logprobs"]:  # {}: held back for a call
+                        yield _sse({**self._head(True), "choices": [choice]})
             except ApiError as err:
                 yield _sse(err.body())
                 yield "data: [DONE]\n\n"
