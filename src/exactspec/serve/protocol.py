@@ -7,8 +7,9 @@ Supported: `model`, `prompt` (completions: a string or a list of token ids) / `m
 `repetition_penalty` (> 0), `logprobs` (chat: a boolean, with `top_logprobs` in [0, 20];
 completions: an integer in [0, 20]; see `serve.logprobs`), `top_k`, `gamma` (an integer in [0, 32] or
 "auto"), `verify` ("block", "token" or "coupled"; default: "coupled" for a request with a
-`seed`, so its text does not depend on its company, else the server's rule). Fields that only
-restate the default (`n: 1`, `echo: false`, null values, ...) are accepted; any other field,
+`seed`, so its text does not depend on its company, else the server's rule), and `n` (1 to
+MAX_CHOICES choices, each its own row; `best_of` only as 1 or n). Fields that only restate the
+default (`echo: false`, null values, ...) are accepted; any other field,
 or a value the server cannot honour, is a 400 naming the field — never silently ignored.
 """
 from __future__ import annotations
@@ -23,12 +24,13 @@ from exactspec.penalties import logit_bias_pairs
 from exactspec.verify import VERIFY_RULES
 
 MAX_STOPS = 4
+MAX_CHOICES = 16  # the most choices (`n`) of one request: each is a row of the running batch
 # Fields accepted when they hold their default (or null): they change nothing.
-_NO_OPS = {"n": 1, "echo": False, "best_of": 1, "parallel_tool_calls": None, "tools": [], "functions": [],
+_NO_OPS = {"echo": False, "parallel_tool_calls": None, "tools": [], "functions": [],
            "user": "*", "tool_choice": "none"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
           "stream_options", "gamma", "verify", "response_format", "frequency_penalty",
-          "presence_penalty", "repetition_penalty", "logit_bias", "min_p", "logprobs"}
+          "presence_penalty", "repetition_penalty", "logit_bias", "min_p", "logprobs", "n", "best_of"}
 FIELDS = {"completions": COMMON | {"prompt"},
           "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 
@@ -75,6 +77,7 @@ class Params:
     logit_bias: tuple[tuple[int, float], ...] | None = None  # sorted (token id, bias) pairs
     min_p: float | None = None
     logprobs: int | None = None  # alternatives per token; None: no logprobs
+    n: int = 1  # choices: rows decoded independently, choice i seeded `noise.choice_seed(seed, i)`
 
 
 def _number(body: dict, name: str, low: float, high: float, default, *, integer=False, low_open=False):
@@ -197,7 +200,20 @@ def parse_request(body, kind: str) -> Params:
     params.constraint = _response_format(body.get("response_format"))
     _penalties(body, params)
     params.logprobs = _logprobs(body, kind)
+    params.n = _choices(body)
     return params
+
+
+def _choices(body: dict) -> int:
+    """`n` in [1, MAX_CHOICES]; `best_of` (the best n of best_of candidates) only where it picks
+    nothing: 1 or n."""
+    n = _number(body, "n", 1, MAX_CHOICES, 1, integer=True)
+    best_of = body.get("best_of")
+    if best_of is not None and (isinstance(best_of, bool) or not isinstance(best_of, int)
+                                or best_of not in (1, n)):
+        raise bad("best_of", f"best_of must be 1 or n ({n}): choosing the best of more candidates "
+                             f"is not supported, got {best_of!r}")
+    return n
 
 
 def _logprobs(body: dict, kind: str) -> int | None:
@@ -278,12 +294,13 @@ def _include_usage(options, stream: bool) -> bool:
     return value
 
 
-def speculative_metrics(stats) -> dict:
-    """vLLM's per-request `metrics.speculative_decoding`, from a row's DecodeStats."""
-    if stats is None:  # never admitted
-        steps = drafted = accepted = 0
-    else:
-        steps, drafted, accepted = stats.rounds, stats.drafted_tokens, stats.accepted_drafts
+def speculative_metrics(*stats) -> dict:
+    """vLLM's per-request `metrics.speculative_decoding`, from the DecodeStats of a request's
+    rows (one per choice) summed; a row never admitted (None) adds nothing."""
+    rows = [row for row in stats if row is not None]
+    steps = sum(row.rounds for row in rows)
+    drafted = sum(row.drafted_tokens for row in rows)
+    accepted = sum(row.accepted_drafts for row in rows)
     return {"num_spec_steps": steps, "num_draft_tokens": drafted,
             "num_accepted_draft_tokens": accepted,
             "draft_acceptance_rate": accepted / drafted if drafted else None,
