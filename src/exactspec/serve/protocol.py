@@ -279,12 +279,22 @@ def _include_usage(options, stream: bool) -> bool:
 
 
 def speculative_metrics(stats) -> dict:
-    """vLLM's per-request `metrics.speculative_decoding`, from a row's DecodeStats."""
+    """vLLM's per-request `metrics.speculative_decoding`, from a row's DecodeStats, and by source
+    (who drafted each round: "model", "ngram", "ngram-1", "grammar", or "plain" for the row's
+    rounds without drafts) the same three counts, which add up to the totals; per position i of
+    a round's block, the rounds with a draft there and those whose draft there was accepted."""
     if stats is None:  # never admitted
         steps = drafted = accepted = 0
+        by_source, drafted_per_pos, accepted_per_pos = {}, [], []
     else:
         steps, drafted, accepted = stats.rounds, stats.drafted_tokens, stats.accepted_drafts
+        by_source = {name: {"num_spec_steps": share.rounds, "num_draft_tokens": share.drafted_tokens,
+                            "num_accepted_draft_tokens": share.accepted_drafts}
+                     for name, share in sorted(stats.by_source.items())}
+        drafted_per_pos, accepted_per_pos = list(stats.drafted_per_pos), list(stats.accepted_per_pos)
     return {"num_spec_steps": steps, "num_draft_tokens": drafted,
             "num_accepted_draft_tokens": accepted,
             "draft_acceptance_rate": accepted / drafted if drafted else None,
-            "mean_acceptance_length": 1 + accepted / steps if steps else None}
+            "mean_acceptance_length": 1 + accepted / steps if steps else None,
+            "by_source": by_source, "num_draft_tokens_per_pos": drafted_per_pos,
+            "num_accepted_tokens_per_pos": accepted_per_pos}
