@@ -109,7 +109,8 @@ def test_greedy_completions_equal_generate(server, tiny_folders, capsys):  # noq
     assert chat.usage.completion_tokens <= 12
     spec = chat.model_extra["metrics"]["speculative_decoding"]
     assert set(spec) == {"num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens",
-                         "draft_acceptance_rate", "mean_acceptance_length"}
+                         "draft_acceptance_rate", "mean_acceptance_length", "by_source",
+                         "num_draft_tokens_per_pos", "num_accepted_tokens_per_pos"}
     assert spec["num_draft_tokens"] >= spec["num_accepted_draft_tokens"] > 0
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from exactspec.controller import MAX_GAMMA
+from exactspec.policy import MAX_GAMMA
 from exactspec.constraints import Constraint
 from exactspec.logprobs import MAX_TOP_LOGPROBS
 from exactspec.penalties import logit_bias_pairs
+from exactspec.rows import DecodeStats, add_speculation
 from exactspec.verify import VERIFY_RULES
 
 MAX_STOPS = 4
@@ -295,13 +296,25 @@ def _include_usage(options, stream: bool) -> bool:
 
 
 def speculative_metrics(*stats) -> dict:
-    """vLLM's per-request `metrics.speculative_decoding`, from the DecodeStats of a request's
-    rows (one per choice) summed; a row never admitted (None) adds nothing."""
-    rows = [row for row in stats if row is not None]
-    steps = sum(row.rounds for row in rows)
-    drafted = sum(row.drafted_tokens for row in rows)
-    accepted = sum(row.accepted_drafts for row in rows)
+    """vLLM's per-request `metrics.speculative_decoding`, from the DecodeStats of a request's rows
+    (one per choice) summed, a row never admitted (None) adding nothing; and by source (who
+    drafted each round: "model", "ngram", "ngram-1", "grammar", or "plain" for the rounds without
+    drafts) the same three counts, which add up to the totals; per position i of a round's block,
+    the rounds with a draft there and those whose draft there was accepted."""
+    total = DecodeStats()
+    for row in (row for row in stats if row is not None):
+        total.rounds += row.rounds
+        total.drafted_tokens += row.drafted_tokens
+        total.accepted_drafts += row.accepted_drafts
+        add_speculation(total, row)
+    steps, drafted, accepted = total.rounds, total.drafted_tokens, total.accepted_drafts
+    by_source = {name: {"num_spec_steps": share.rounds, "num_draft_tokens": share.drafted_tokens,
+                        "num_accepted_draft_tokens": share.accepted_drafts}
+                 for name, share in sorted(total.by_source.items())}
+    drafted_per_pos, accepted_per_pos = total.drafted_per_pos, total.accepted_per_pos
     return {"num_spec_steps": steps, "num_draft_tokens": drafted,
             "num_accepted_draft_tokens": accepted,
             "draft_acceptance_rate": accepted / drafted if drafted else None,
-            "mean_acceptance_length": 1 + accepted / steps if steps else None}
+            "mean_acceptance_length": 1 + accepted / steps if steps else None,
+            "by_source": by_source, "num_draft_tokens_per_pos": drafted_per_pos,
+            "num_accepted_tokens_per_pos": accepted_per_pos}
