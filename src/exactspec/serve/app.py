@@ -9,7 +9,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
@@ -19,11 +18,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from exactspec.batching import RowSettings
 from exactspec.noise import choice_seed
 from exactspec.serve.drafts import drafter_factory
-from exactspec.serve.logprobs import Spelling, chat_logprobs, completion_logprobs
 from exactspec.serve.metrics import ServerMetrics
-from exactspec.serve.protocol import ApiError, Params, parse_request, speculative_metrics
+from exactspec.serve.protocol import ApiError, Params, parse_request
+from exactspec.serve.reply import Reply
 from exactspec.serve.scheduler import Job, QueueFull, Scheduler
-from exactspec.serve.text import TextStream
 
 log = logging.getLogger("exactspec.serve")
 DEFAULT_MAX_TOKENS = {"completions": 16, "chat": 512}  # OpenAI's completions default is 16
@@ -177,7 +175,7 @@ async def _serve(request: Request, state: ServerState, kind: str):
         scheduler.submit(*jobs)
     except QueueFull as err:
         raise ApiError(429, str(err), type="rate_limit_error", code="queue_full") from None
-    reply = _Reply(state, params, jobs, events)
+    reply = Reply(state, params, jobs, events)
     if params.stream:
         return StreamingResponse(reply.stream(), media_type="text/event-stream")
     return await reply.whole(request)
@@ -262,169 +260,3 @@ def _rule(state: ServerState, params: Params) -> str:
     if params.verify is not None:
         return params.verify
     return "coupled" if params.seed is not None else state.config.verify
-
-
-class _Choice:
-    """One choice of a reply (one row, one `Job`): its text as it arrives, its tokens, finish
-    reason and logprobs."""
-
-    def __init__(self, state: ServerState, params: Params, job: Job):
-        self.state, self.job = state, job
-        self.index = job.index
-        self.text = TextStream(state.target.tokenizer, params.stop)
-        self.spell = None if params.logprobs is None else Spelling(state.target.tokenizer)
-        self.tokens = 0
-        self.finish_reason: str | None = None
-        self.first_token_at: float | None = None
-        self.offset = 0  # completions' text_offset of the next token
-        self.parts: list[str] = []  # the whole (non-streamed) answer's text and logprobs
-        self.chosen: list = []
-
-    def take(self, kind: str, event: list) -> tuple[str, list | None]:
-        """(text delta, the round's TokenLogprobs or None) of one "tokens" or "done" event; a
-        stop string cancels the row and ends the choice."""
-        if kind == "done":
-            self.finish_reason = event[0]
-            return self.text.flush(), None
-        ids, chosen = event
-        if self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
-            self.state.metrics.ttft.observe(self.first_token_at - self.job.created)
-        self.tokens += len(ids)
-        delta = self.text.push(ids)
-        if self.text.stopped:
-            self.state.scheduler.cancel(self.job)
-            self.finish_reason = "stop"
-        return delta, chosen
-
-    def observe(self, params: Params) -> None:
-        """The finished row in /metrics (each choice counts as a request there: its own prefill,
-        tokens and finish reason)."""
-        metrics = self.state.metrics
-        metrics.observe_request(len(self.job.prompt), speculative_metrics(self.job.stats),
-                                self.tokens, self.finish_reason, time.perf_counter() - self.job.created)
-        if params.constraint is not None:
-            metrics.constrained.labels(kind=params.constraint.kind).inc()
-
-
-class _Reply:
-    """One request's answer: its n choices' texts as they arrive, usage and speculative metrics
-    (summed over the choices) at the end."""
-
-    def __init__(self, state: ServerState, params: Params, jobs: list[Job], events: asyncio.Queue):
-        self.state, self.params, self.events = state, params, events
-        self.choices = [_Choice(state, params, job) for job in jobs]
-        self.id = ("chatcmpl-" if params.kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-
-    def _open(self) -> list[Job]:
-        return [choice.job for choice in self.choices if choice.finish_reason is None]
-
-    async def deltas(self):
-        """(choice, text delta, its round's TokenLogprobs or None) as rounds finish, and (choice,
-        None, None) once when a choice ends (its finish_reason then set), until all have ended.
-        Raises ApiError(500) on an engine error. A round's logprobs come whole, with the text
-        it released (held-back text comes later, its tokens' logprobs do not wait). Events of
-        a choice that has ended (a stop string's cancellation, say) are dropped."""
-        while self._open():
-            index, kind, *event = await self.events.get()
-            choice = self.choices[index]
-            if choice.finish_reason is not None:
-                continue
-            if kind == "error":
-                raise ApiError(500, event[0], type="server_error")
-            delta, chosen = choice.take(kind, event)
-            if delta or chosen:
-                yield choice, delta, chosen
-            if choice.finish_reason is not None:
-                choice.observe(self.params)
-                yield choice, None, None
-
-    def usage(self) -> dict:
-        """OpenAI's: the prompt counted once, the completion tokens of all choices."""
-        prompt = len(self.choices[0].job.prompt)
-        tokens = sum(choice.tokens for choice in self.choices)
-        return {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens}
-
-    def metrics(self) -> dict:
-        return {"speculative_decoding": speculative_metrics(*(c.job.stats for c in self.choices))}
-
-    def _head(self, chunk: bool) -> dict:
-        kind = "chat.completion" if self.params.kind == "chat" else "text_completion"
-        return {"id": self.id, "object": kind + (".chunk" if chunk and self.params.kind == "chat" else ""),
-                "created": self.created, "model": self.state.model_name}
-
-    def _logprobs(self, choice: _Choice, chosen) -> dict | None:
-        if choice.spell is None or chosen is None:
-            return None
-        if self.params.kind == "chat":
-            return chat_logprobs(choice.spell, chosen)
-        out = completion_logprobs(choice.spell, chosen, choice.offset)
-        choice.offset += sum(len(token) for token in out["tokens"])
-        return out
-
-    def _choice(self, choice: _Choice, text: str | None, finish, chunk: bool, first: bool = False,
-                chosen=None) -> dict:
-        logprobs, index = self._logprobs(choice, chosen), choice.index
-        if self.params.kind == "completions":
-            return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
-        if not chunk:
-            return {"index": index, "message": {"role": "assistant", "content": text},
-                    "logprobs": logprobs, "finish_reason": finish}
-        delta = {"role": "assistant", "content": text or ""} if first else (
-            {"content": text} if text else {})
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-
-    async def whole(self, request: Request) -> JSONResponse:
-        """The non-streamed answer; a client that goes away cancels all its rows."""
-        collector = asyncio.ensure_future(self._collect())
-        while not collector.done():
-            await asyncio.wait([collector], timeout=0.5)
-            if not collector.done() and await request.is_disconnected():
-                collector.cancel()
-                self.state.scheduler.cancel(*self._open())
-                return JSONResponse({}, status_code=499)
-        collector.result()
-        choices = [self._choice(c, "".join(c.parts), c.finish_reason, False,
-                                chosen=c.chosen if c.spell is not None else None)
-                   for c in self.choices]
-        body = {**self._head(False), "choices": choices, "usage": self.usage(),
-                "metrics": self.metrics()}
-        return JSONResponse(body)
-
-    async def _collect(self) -> None:
-        async for choice, delta, logprobs in self.deltas():
-            if delta is not None:
-                choice.parts.append(delta)
-                choice.chosen.extend(logprobs or ())
-
-    async def stream(self):
-        """Server-sent events in OpenAI's chunk format, each chunk one choice's (its `index`);
-        a choice's finish chunk when it ends; `data: [DONE]` once all have ended."""
-        try:
-            if self.params.kind == "chat":  # each choice's first delta carries the role
-                for choice in self.choices:
-                    yield _sse({**self._head(True), "choices": [self._choice(choice, "", None, True,
-                                                                            first=True)]})
-            try:
-                async for choice, delta, chosen in self.deltas():
-                    if delta is None:  # the choice ended
-                        piece = self._choice(choice, None, choice.finish_reason, True)
-                    else:
-                        piece = self._choice(choice, delta, None, True, chosen=chosen)
-                    yield _sse({**self._head(True), "choices": [piece]})
-            except ApiError as err:
-                yield _sse(err.body())
-                yield "data: [DONE]\n\n"
-                return
-            if self.params.include_usage:
-                yield _sse({**self._head(True), "choices": [], "usage": self.usage(),
-                            "metrics": self.metrics()})
-            yield "data: [DONE]\n\n"
-        finally:
-            if self._open():  # the client went away mid-stream: free its rows
-                self.state.scheduler.cancel(*self._open())
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
