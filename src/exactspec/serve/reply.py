@@ -6,7 +6,6 @@ import asyncio
 import json
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -16,15 +15,12 @@ from exactspec.serve.protocol import ApiError, Params, speculative_metrics
 from exactspec.serve.scheduler import Job
 from exactspec.serve.text import TextStream
 
-if TYPE_CHECKING:
-    from exactspec.serve.app import ServerState
-
 
 class Choice:
     """One choice of a reply (one row, one `Job`): its text as it arrives, its tokens, finish
     reason and logprobs."""
 
-    def __init__(self, state: ServerState, params: Params, job: Job):
+    def __init__(self, state, params: Params, job: Job):
         self.state, self.job = state, job
         self.index = job.index
         self.text = TextStream(state.target.tokenizer, params.stop)
@@ -67,7 +63,7 @@ class Reply:
     """One request's answer: its n choices' texts as they arrive, usage and speculative metrics
     (summed over the choices) at the end."""
 
-    def __init__(self, state: ServerState, params: Params, jobs: list[Job], events: asyncio.Queue):
+    def __init__(self, state, params: Params, jobs: list[Job], events: asyncio.Queue):
         self.state, self.params, self.events = state, params, events
         self.choices = [Choice(state, params, job) for job in jobs]
         self.id = ("chatcmpl-" if params.kind == "chat" else "cmpl-") + uuid.uuid4().hex
