@@ -20,6 +20,11 @@ class SourceCounts:
     drafted_tokens: int = 0
     accepted_drafts: int = 0
 
+    def add(self, rounds: int, drafted_tokens: int, accepted_drafts: int) -> None:
+        self.rounds += rounds
+        self.drafted_tokens += drafted_tokens
+        self.accepted_drafts += accepted_drafts
+
 
 @dataclass
 class DecodeStats:
@@ -170,9 +175,7 @@ def count_round(stats: DecodeStats, new: list[int], drafted: int, tau: int,
             stats.bonus_tokens += 1
         else:
             stats.corrections += 1
-    share = stats.by_source.setdefault(round_source(source, drafted), SourceCounts())
-    share.rounds, share.drafted_tokens, share.accepted_drafts = (
-        share.rounds + 1, share.drafted_tokens + drafted, share.accepted_drafts + kept)
+    stats.by_source.setdefault(round_source(source, drafted), SourceCounts()).add(1, drafted, kept)
     count_positions(stats.drafted_per_pos, drafted)
     count_positions(stats.accepted_per_pos, kept)
 
@@ -188,10 +191,8 @@ def count_positions(per_pos: list[int], n: int) -> None:
 def add_speculation(total: DecodeStats, stats: DecodeStats) -> None:
     """Add a row's by_source and per-position counts into a batch's `total`."""
     for source, share in stats.by_source.items():
-        mine = total.by_source.setdefault(source, SourceCounts())
-        mine.rounds += share.rounds
-        mine.drafted_tokens += share.drafted_tokens
-        mine.accepted_drafts += share.accepted_drafts
+        total.by_source.setdefault(source, SourceCounts()).add(
+            share.rounds, share.drafted_tokens, share.accepted_drafts)
     for mine, theirs in ((total.drafted_per_pos, stats.drafted_per_pos),
                          (total.accepted_per_pos, stats.accepted_per_pos)):
         mine.extend([0] * (len(theirs) - len(mine)))
