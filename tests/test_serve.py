@@ -109,7 +109,8 @@ def test_greedy_completions_equal_generate(server, tiny_folders, capsys):  # noq
     assert chat.usage.completion_tokens <= 12
     spec = chat.model_extra["metrics"]["speculative_decoding"]
     assert set(spec) == {"num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens",
-                         "draft_acceptance_rate", "mean_acceptance_length"}
+                         "draft_acceptance_rate", "mean_acceptance_length", "by_source",
+                         "num_draft_tokens_per_pos", "num_accepted_tokens_per_pos"}
     assert spec["num_draft_tokens"] >= spec["num_accepted_draft_tokens"] > 0
 
 
@@ -238,7 +239,9 @@ def test_disconnect_frees_the_row(server, monkeypatch):
     ({"prompt": PROMPT, "max_tokens": 2.5}, 400, "max_tokens"),
     ({"prompt": 7}, 400, "prompt"),
     ({"model": "gpt-4", "prompt": PROMPT}, 404, "model"),
-    ({"prompt": PROMPT, "n": 2}, 400, "n"),
+    ({"prompt": PROMPT, "n": 0}, 400, "n"),  # tests/test_n_choices.py: n > 1
+    ({"prompt": PROMPT, "n": 17}, 400, "n"),
+    ({"prompt": PROMPT, "n": 2, "best_of": 3}, 400, "best_of"),
     ({"prompt": PROMPT, "logprobs": 21}, 400, "logprobs"),  # tests/test_logprobs.py: the rest
     ({"prompt": PROMPT, "suffix": "x"}, 400, "suffix"),
     ({"prompt": " ".join(["w1"] * 200)}, 400, "prompt"),
@@ -257,8 +260,10 @@ def test_bad_requests_get_openai_errors(server, body, status, param):
 
 
 def test_openai_client_sees_the_errors(server):
-    with pytest.raises(openai.BadRequestError, match="n = 2 is not supported"):
-        server.client.completions.create(model="tiny", prompt=PROMPT, n=2)
+    with pytest.raises(openai.BadRequestError, match=r"n must be an integer in \[1, 16\], got 17"):
+        server.client.completions.create(model="tiny", prompt=PROMPT, n=17)
+    with pytest.raises(openai.BadRequestError, match="echo = True is not supported"):
+        server.client.completions.create(model="tiny", prompt=PROMPT, echo=True)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         server.client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "w1"}])
     with pytest.raises(openai.BadRequestError, match="tools"):

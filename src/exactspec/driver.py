@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from exactspec.policy import Choice, Controller
+from exactspec.rows import round_source
 
 
 class Driver:
@@ -31,8 +32,7 @@ class Driver:
         decoder.after_round()
         if self.policy is not None:
             self.policy.observe_round(choice.source, report, decoder.row_drafts())
-        kind = ("model" if choice.source == "none" else choice.source) if report.drafted else "plain"
-        # ("none": the auto draft's first round, drafted by its model at a fixed γ, `AutoDrafter`)
+        kind = round_source(choice.source, report.drafted)
         self.rounds_by_source[kind] = self.rounds_by_source.get(kind, 0) + 1
         self.kept_by_source[kind] = self.kept_by_source.get(kind, 0) + int(report.num_accepted.sum())
         if self.on_round is not None:

@@ -31,7 +31,8 @@ from exactspec.driver import Driver, trace_line  # noqa: F401 (trace_line: part 
 from exactspec.logprobs import TokenLogprob, check_logprobs_args
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.models.loaded import memory_of
-from exactspec.rows import DecodeStats, EndRow, Rows  # noqa: F401 (EndRow: part of the API)
+from exactspec.rows import (DecodeStats, EndRow, Rows,  # noqa: F401 (EndRow: part of the API)
+                            add_speculation)
 from exactspec.sampling import SamplingConfig
 from exactspec.targets import Scorer, make_target
 from exactspec.verify import VERIFY_RULES, verify_block
@@ -188,7 +189,7 @@ class Decoder(ContinuousBatching):
         lm, drafter, rows = self.lm, self.drafter, self.rows
         block = self._block(gamma)  # the longest budget left decides
         calls_before, started, lag = (lm.calls, drafter.calls), self.clock.read(), drafter.lag()
-        free = drafter.free()
+        free, source = drafter.free(), drafter.next_source()  # decided before the round (rule 7)
         # 1. draft: up to γ tokens per row, with the q they were drawn from
         sampling = self._settings()  # bound to each row's prefix when its processing reads it
         proposal = drafter.propose(block, sampling, self._stream(DRAFT))
@@ -217,7 +218,7 @@ class Decoder(ContinuousBatching):
                        evidence=drafter.evidence(), free=free)
         self.rounds += 1
         going = rows.record(result, self._drafted(proposal, drafts), lm.calls - calls_before[0],
-                            drafter.calls - calls_before[1], self._logprobs(logits, p, result))
+                            drafter.calls - calls_before[1], self._logprobs(logits, p, result), source)
         self.matchers.advance([rows.new[row] for row in rows.active.tolist()])
         # 6. retire finished rows: they leave both caches
         self._retire(going)
@@ -308,6 +309,7 @@ def _output(ids, valid, rows: Rows, lm, drafter, rounds: int,
         for counter in ("output_tokens", "accepted_drafts", "drafted_tokens", "corrections",
                         "bonus_tokens"):
             setattr(total, counter, getattr(total, counter) + getattr(stats, counter))
+        add_speculation(total, stats)  # by_source's rounds: the rows' rounds, summed
         stats.wall_seconds = stats.wall_seconds or wall
     return GenerateOutput(sequences, total, rows.stats)
 

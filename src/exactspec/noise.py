@@ -20,6 +20,7 @@ import torch
 
 _MASK = (1 << 64) - 1
 NOISE = 3  # the purpose of a position's noise among a row's streams (see `exactspec.batching`)
+CHOICE = 4  # the purpose of a request's choice seeds (`choice_seed`)
 
 
 def mix(*values: int) -> int:
@@ -36,6 +37,17 @@ def row_seed(seed: int, row: int = 0) -> int:
     """The noise seed of row `row` of a generation seeded `seed` (a server request is row 0 of
     its own): unrelated for different rows, so batches seeded s and s + 1 share no row's noise."""
     return mix(seed, row)
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice `index` of a request seeded `seed` that asks for several choices (the
+    server's `n`): choice 0 keeps `seed` itself (so n = 1 is unchanged), choice i > 0 gets
+    mix(seed, i, CHOICE), unrelated to the seed's own streams (purposes 1-3). Each choice is then
+    decoded as its own request with that seed: plain decoding with `choice_seed(seed, i)`
+    reproduces it under the coupled rule."""
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"index must be an integer >= 0, got {index!r}")
+    return seed if index == 0 else mix(seed, index, CHOICE)
 
 
 def noise_key(seed: int, position: int) -> int:

@@ -3,14 +3,37 @@ rows are still generating. A row ends on an EOS, on its budget, or when `on_toke
 `EndRow`; a prefix of an exact sample is an exact sample, so a row is exact however it ends."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
+
+PLAIN = "plain"  # the source of a round in which a row had no drafts
+
+
+@dataclass
+class SourceCounts:
+    """One source's share of a row's rounds (who drafted them: "model", "ngram", "grammar", ...,
+    or "plain"): rounds, drafted tokens and accepted drafts. Over all sources they add up to the
+    row's own counters."""
+
+    rounds: int = 0
+    drafted_tokens: int = 0
+    accepted_drafts: int = 0
+
+    def add(self, rounds: int, drafted_tokens: int, accepted_drafts: int) -> None:
+        self.rounds += rounds
+        self.drafted_tokens += drafted_tokens
+        self.accepted_drafts += accepted_drafts
 
 
 @dataclass
 class DecodeStats:
-    """Counters of one generation. output tokens = accepted drafts + corrections + bonus tokens."""
+    """Counters of one generation. output tokens = accepted drafts + corrections + bonus tokens.
+    by_source splits rounds, drafted tokens and accepted drafts by who drafted each round;
+    drafted_per_pos[i] counts the rounds with a draft at index i of the block, accepted_per_pos[i]
+    those whose draft at index i was accepted (and emitted): each sums to its counter. In a
+    batch's total (`GenerateOutput.stats`) these sum the rows' (by_source counts row-rounds; the
+    batch's own rounds per source are `GenerateOutput.rounds_by_source`)."""
 
     output_tokens: int = 0
     accepted_drafts: int = 0
@@ -26,6 +49,9 @@ class DecodeStats:
     hole_fraction: float = 0.0  # batches: mean share of the target cache's columns that are holes
     wall_seconds: float = 0.0
     time_to_first_token: float | None = None
+    by_source: dict[str, SourceCounts] = field(default_factory=dict)
+    drafted_per_pos: list[int] = field(default_factory=list)
+    accepted_per_pos: list[int] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -77,10 +103,11 @@ class Rows:
         self.active = torch.cat([self.active, torch.arange(first, first + len(budgets))])
 
     def record(self, result, drafted: int, target_calls: int, draft_calls: int,
-               logprobs=None) -> torch.Tensor:
+               logprobs=None, source: str = PLAIN) -> torch.Tensor:
         """Count one round per active row; return the batch positions of rows still going.
         logprobs[i] (`exactspec.logprobs.emitted`, None: not asked) is cut with row i's tokens
-        and reaches `on_tokens` as its `logprobs=` keyword."""
+        and reaches `on_tokens` as its `logprobs=` keyword. `source`: the drafter's
+        `next_source()` for this round (each row counts it under `round_source`)."""
         now = self.clock.read()
         if self.first_token_at is None:
             self.first_token_at = now
@@ -97,7 +124,7 @@ class Rows:
             if chosen is not None:
                 self.logprobs[row].extend(chosen[: len(new)])
             count_round(self.stats[row], new, drafted if isinstance(drafted, int) else drafted[i],
-                         tau, target_calls, draft_calls)
+                         tau, target_calls, draft_calls, source)
             if self.stats[row].time_to_first_token is None and new:
                 self.stats[row].time_to_first_token = now
             if (isinstance(ended, EndRow) or new and new[-1] in self.eos
@@ -123,19 +150,51 @@ class EndRow:
     keep: int
 
 
+def round_source(source: str, drafted: int) -> str:
+    """Who drafted a round, as counted: "plain" when there were no drafts, "model" for the auto
+    draft's first round ("none": drafted by its model at a fixed γ, `AutoDrafter`), else the
+    drafter's `next_source()` ("model", "ngram", "ngram-1", "grammar", ...)."""
+    if not drafted:
+        return PLAIN
+    return "model" if source == "none" else source
+
+
 def count_round(stats: DecodeStats, new: list[int], drafted: int, tau: int,
-                 target_calls: int, draft_calls: int) -> None:
-    """Count what the round emitted for one row (EOS or the budget may have cut it short)."""
+                 target_calls: int, draft_calls: int, source: str = PLAIN) -> None:
+    """Count what the round emitted for one row (EOS or the budget may have cut it short).
+    An accepted draft counts only when it was emitted: min(τ, len(new)) of them."""
     stats.rounds += 1
     stats.target_calls += target_calls
     stats.draft_calls += draft_calls
     stats.drafted_tokens += drafted
     stats.output_tokens += len(new)
-    stats.accepted_drafts += min(tau, len(new))
+    kept = min(tau, len(new))
+    stats.accepted_drafts += kept
     if len(new) == tau + 1:
         if tau == drafted:
             stats.bonus_tokens += 1
         else:
             stats.corrections += 1
+    stats.by_source.setdefault(round_source(source, drafted), SourceCounts()).add(1, drafted, kept)
+    count_positions(stats.drafted_per_pos, drafted)
+    count_positions(stats.accepted_per_pos, kept)
 
 
+def count_positions(per_pos: list[int], n: int) -> None:
+    """One more round with something at each of the block's indices 0..n-1 (a row's kept drafts
+    are the block's first τ: a draft is accepted only after every draft before it)."""
+    per_pos.extend([0] * (n - len(per_pos)))
+    for i in range(n):
+        per_pos[i] += 1
+
+
+def add_speculation(total: DecodeStats, stats: DecodeStats) -> None:
+    """Add a row's by_source and per-position counts into a batch's `total`."""
+    for source, share in stats.by_source.items():
+        total.by_source.setdefault(source, SourceCounts()).add(
+            share.rounds, share.drafted_tokens, share.accepted_drafts)
+    for mine, theirs in ((total.drafted_per_pos, stats.drafted_per_pos),
+                         (total.accepted_per_pos, stats.accepted_per_pos)):
+        mine.extend([0] * (len(theirs) - len(mine)))
+        for i, n in enumerate(theirs):
+            mine[i] += n

@@ -9,21 +9,20 @@ import json
 import logging
 import threading
 import time
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exactspec.batching import RowSettings
+from exactspec.noise import choice_seed
 from exactspec.serve.drafts import drafter_factory
-from exactspec.serve.logprobs import Spelling, chat_logprobs, completion_logprobs
 from exactspec.serve.metrics import ServerMetrics
-from exactspec.serve.protocol import ApiError, Params, parse_request, speculative_metrics
+from exactspec.serve.protocol import ApiError, Params, parse_request
+from exactspec.serve.reply import Reply
 from exactspec.serve.scheduler import Job, QueueFull, Scheduler
-from exactspec.serve.text import TextStream
-from exactspec.serve.tool_calls import ToolCallReader, chat_prompt, delta_calls
+from exactspec.serve.tool_calls import chat_prompt
 from exactspec.serve.tools import tool_constraint
 
 log = logging.getLogger("exactspec.serve")
@@ -168,12 +167,17 @@ async def _serve(request: Request, state: ServerState, kind: str):
                             f"{state.model_name!r}", param="model", type="invalid_request_error",
                        code="model_not_found")
     prompt = _encode(state, params)
-    job = Job(prompt, _settings(state, params, len(prompt)), asyncio.get_running_loop())
+    if params.n > max(1, scheduler.max_queue):
+        raise ApiError(400, f"n must be at most the server's queue length {scheduler.max_queue}, "
+                            f"got {params.n}", param="n")
+    settings, events = _settings(state, params, len(prompt)), asyncio.Queue()
+    jobs = [Job(prompt, _choice_settings(settings, params, i), asyncio.get_running_loop(),
+                events, index=i) for i in range(params.n)]
     try:
-        scheduler.submit(job)
+        scheduler.submit(*jobs)
     except QueueFull as err:
         raise ApiError(429, str(err), type="rate_limit_error", code="queue_full") from None
-    reply = _Reply(state, params, job, TextStream(state.target.tokenizer, params.stop))
+    reply = Reply(state, params, jobs, events)
     if params.stream:
         return StreamingResponse(reply.stream(), media_type="text/event-stream")
     return await reply.whole(request)
@@ -231,6 +235,15 @@ def _settings(state: ServerState, params: Params, prompt_tokens: int) -> RowSett
                        min_p=params.min_p, logprobs=params.logprobs)
 
 
+def _choice_settings(settings: RowSettings, params: Params, index: int) -> RowSettings:
+    """Choice `index`'s row: the request's settings with its own stream — seeded
+    `choice_seed(seed, index)` when the request has a seed (so under the coupled rule each choice
+    is plain decoding with that seed), else a random seed of its own (the batch draws one)."""
+    if params.seed is None:
+        return settings
+    return replace(settings, seed=choice_seed(params.seed, index))
+
+
 def _check_constrainable(state: ServerState, param: str):
     """llguidance's view of the model's tokenizer (made once, then kept for every constrained
     request); a 400 naming `param` when llguidance cannot read it."""
@@ -252,145 +265,3 @@ def _rule(state: ServerState, params: Params) -> str:
     if params.verify is not None:
         return params.verify
     return "coupled" if params.seed is not None else state.config.verify
-
-
-class _Reply:
-    """One request's answer: its text as it arrives, usage and speculative metrics at the end."""
-
-    def __init__(self, state: ServerState, params: Params, job: Job, text: TextStream):
-        self.state, self.params, self.job, self.text = state, params, job, text
-        self.id = ("chatcmpl-" if params.kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-        self.tokens = 0
-        self.finish_reason: str | None = None
-        self.first_token_at: float | None = None
-        self.spell = None if params.logprobs is None else Spelling(state.target.tokenizer)
-        self.offset = 0  # completions' text_offset of the next token
-        self.calls = ToolCallReader() if params.tools is not None and params.tools.calls else None
-
-    async def deltas(self):
-        """(text delta, its round's TokenLogprobs or None) as rounds finish; sets finish_reason.
-        Raises ApiError(500) on an engine error. A round's logprobs come whole, with the text
-        it released (held-back text comes later, its tokens' logprobs do not wait)."""
-        while self.finish_reason is None:
-            event, chosen = await self.job.events.get(), None
-            if event[0] == "tokens":
-                chosen = event[2]
-                if self.first_token_at is None:
-                    self.first_token_at = time.perf_counter()
-                    self.state.metrics.ttft.observe(self.first_token_at - self.job.created)
-                self.tokens += len(event[1])
-                delta = self.text.push(event[1])
-                if self.text.stopped:
-                    self.state.scheduler.cancel(self.job)
-                    self.finish_reason = "stop"
-            elif event[0] == "done":
-                delta, self.finish_reason = self.text.flush(), event[1]
-            else:
-                raise ApiError(500, event[1], type="server_error")
-            if delta or chosen:
-                yield delta, chosen
-        self._observe()
-
-    def _observe(self) -> None:
-        metrics = self.state.metrics
-        metrics.observe_request(len(self.job.prompt), speculative_metrics(self.job.stats),
-                                self.tokens, self.finish_reason, time.perf_counter() - self.job.created)
-        if self.params.constraint is not None or self.params.tools is not None:
-            kind = "tools" if self.params.constraint is None else self.params.constraint.kind
-            metrics.constrained.labels(kind=kind).inc()
-
-    def usage(self) -> dict:
-        prompt = len(self.job.prompt)
-        return {"prompt_tokens": prompt, "completion_tokens": self.tokens,
-                "total_tokens": prompt + self.tokens}
-
-    def _head(self, chunk: bool) -> dict:
-        kind = "chat.completion" if self.params.kind == "chat" else "text_completion"
-        return {"id": self.id, "object": kind + (".chunk" if chunk and self.params.kind == "chat" else ""),
-                "created": self.created, "model": self.state.model_name}
-
-    def _logprobs(self, chosen) -> dict | None:
-        if self.spell is None or chosen is None:
-            return None
-        if self.params.kind == "chat":
-            return chat_logprobs(self.spell, chosen)
-        out = completion_logprobs(self.spell, chosen, self.offset)
-        self.offset += sum(len(token) for token in out["tokens"])
-        return out
-
-    def _choice(self, text: str | None, finish, chunk: bool, first: bool = False,
-                chosen=None) -> dict:
-        logprobs = self._logprobs(chosen)
-        if self.params.kind == "completions":
-            return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
-        fields = {"role": "assistant", "content": text or ""} if first else self._delta(text, chunk)
-        if self.calls is not None and self.calls.calls and finish == "stop":
-            finish = "tool_calls"  # the reply ended after its calls
-        if not chunk:
-            return {"index": 0, "message": {"role": "assistant", **fields}, "logprobs": logprobs,
-                    "finish_reason": finish}
-        return {"index": 0, "delta": fields, "logprobs": logprobs, "finish_reason": finish}
-
-    def _delta(self, text: str | None, chunk: bool) -> dict:
-        """A chat chunk's delta (chunk) or the whole reply's message fields: the text, read for
-        tool calls when the request has tools (`serve.tool_calls`; text None: the end)."""
-        if self.calls is None:
-            return {"content": text} if text or not chunk else {}
-        content, calls = self.calls.push(text or "")
-        if text is None or not chunk:
-            content += self.calls.flush()
-        if not chunk:
-            return {"content": content or None, "tool_calls": calls} if calls else {"content": content}
-        first = len(self.calls.calls) - len(calls)
-        return {**({"content": content} if content else {}),
-                **({"tool_calls": delta_calls(calls, first)} if calls else {})}
-
-    async def whole(self, request: Request) -> JSONResponse:
-        """The non-streamed answer; a client that goes away cancels its row."""
-        parts, chosen = [], []
-        collector = asyncio.ensure_future(self._collect(parts, chosen))
-        while not collector.done():
-            await asyncio.wait([collector], timeout=0.5)
-            if not collector.done() and await request.is_disconnected():
-                collector.cancel()
-                self.state.scheduler.cancel(self.job)
-                return JSONResponse({}, status_code=499)
-        collector.result()
-        choice = self._choice("".join(parts), self.finish_reason, False,
-                              chosen=chosen if self.spell is not None else None)
-        body = {**self._head(False), "choices": [choice],
-                "usage": self.usage(), "metrics": {"speculative_decoding": speculative_metrics(self.job.stats)}}
-        return JSONResponse(body)
-
-    async def _collect(self, parts: list[str], chosen: list) -> None:
-        async for delta, logprobs in self.deltas():
-            parts.append(delta)
-            chosen.extend(logprobs or ())
-
-    async def stream(self):
-        """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
-        try:
-            if self.params.kind == "chat":  # the first delta carries the role
-                yield _sse({**self._head(True), "choices": [self._choice("", None, True, first=True)]})
-            try:
-                async for delta, chosen in self.deltas():
-                    choice = self._choice(delta, None, True, chosen=chosen)
-                    if choice.get("delta") != {} or choice["logprobs"]:  # {}: held back for a call
-                        yield _sse({**self._head(True), "choices": [choice]})
-            except ApiError as err:
-                yield _sse(err.body())
-                yield "data: [DONE]\n\n"
-                return
-            yield _sse({**self._head(True), "choices": [self._choice(None, self.finish_reason, True)]})
-            if self.params.include_usage:
-                yield _sse({**self._head(True), "choices": [], "usage": self.usage(),
-                            "metrics": {"speculative_decoding": speculative_metrics(self.job.stats)}})
-            yield "data: [DONE]\n\n"
-        finally:
-            if self.finish_reason is None:  # the client went away mid-stream: free its row
-                self.state.scheduler.cancel(self.job)
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"

@@ -7,10 +7,10 @@ Supported: `model`, `prompt` (completions: a string or a list of token ids) / `m
 `repetition_penalty` (> 0), `logprobs` (chat: a boolean, with `top_logprobs` in [0, 20];
 completions: an integer in [0, 20]; see `serve.logprobs`), `top_k`, `gamma` (an integer in [0, 32] or
 "auto"), `verify` ("block", "token" or "coupled"; default: "coupled" for a request with a
-`seed`, so its text does not depend on its company, else the server's rule); chat's `tools`,
-`tool_choice` and `parallel_tool_calls`, and messages with `tool_calls` or `role: "tool"`
-(`serve.tools`). Fields that only
-restate the default (`n: 1`, `echo: false`, null values, ...) are accepted; any other field,
+`seed`, so its text does not depend on its company, else the server's rule), `n` (1 to
+MAX_CHOICES choices, each its own row; `best_of` only as 1 or n); chat's `tools`, `tool_choice`
+and `parallel_tool_calls`, and messages with `tool_calls` or `role: "tool"` (`serve.tools`).
+Fields that only restate the default (`echo: false`, null values, ...) are accepted; any other field,
 or a value the server cannot honour, is a 400 naming the field — never silently ignored.
 """
 from __future__ import annotations
@@ -18,21 +18,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from exactspec.controller import MAX_GAMMA
+from exactspec.policy import MAX_GAMMA
 from exactspec.constraints import Constraint
 from exactspec.logprobs import MAX_TOP_LOGPROBS
 from exactspec.penalties import logit_bias_pairs
+from exactspec.rows import DecodeStats, add_speculation
 from exactspec.serve.errors import ApiError, bad  # noqa: F401  (ApiError: re-exported)
 from exactspec.serve.tools import ToolRequest, assistant_calls, parse_tools, tool_result
 from exactspec.verify import VERIFY_RULES
 
 MAX_STOPS = 4
+MAX_CHOICES = 16  # the most choices (`n`) of one request: each is a row of the running batch
 # Fields accepted when they hold their default (or null): they change nothing.
-_NO_OPS = {"n": 1, "echo": False, "best_of": 1, "parallel_tool_calls": None, "tools": [], "functions": [],
+_NO_OPS = {"echo": False, "parallel_tool_calls": None, "tools": [], "functions": [],
            "user": "*", "tool_choice": "none"}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
           "stream_options", "gamma", "verify", "response_format", "frequency_penalty",
-          "presence_penalty", "repetition_penalty", "logit_bias", "min_p", "logprobs"}
+          "presence_penalty", "repetition_penalty", "logit_bias", "min_p", "logprobs", "n", "best_of"}
 FIELDS = {"completions": COMMON | {"prompt"},
           "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                             "parallel_tool_calls"}}
@@ -66,6 +68,7 @@ class Params:
     min_p: float | None = None
     logprobs: int | None = None  # alternatives per token; None: no logprobs
     tools: ToolRequest | None = None  # chat's tools, tool_choice and parallel_tool_calls
+    n: int = 1  # choices: rows decoded independently, choice i seeded `noise.choice_seed(seed, i)`
 
 
 def _number(body: dict, name: str, low: float, high: float, default, *, integer=False, low_open=False):
@@ -208,7 +211,20 @@ def parse_request(body, kind: str) -> Params:
                                      "that may call tools follows the tools' grammar)")
     _penalties(body, params)
     params.logprobs = _logprobs(body, kind)
+    params.n = _choices(body)
     return params
+
+
+def _choices(body: dict) -> int:
+    """`n` in [1, MAX_CHOICES]; `best_of` (the best n of best_of candidates) only where it picks
+    nothing: 1 or n."""
+    n = _number(body, "n", 1, MAX_CHOICES, 1, integer=True)
+    best_of = body.get("best_of")
+    if best_of is not None and (isinstance(best_of, bool) or not isinstance(best_of, int)
+                                or best_of not in (1, n)):
+        raise bad("best_of", f"best_of must be 1 or n ({n}): choosing the best of more candidates "
+                             f"is not supported, got {best_of!r}")
+    return n
 
 
 def _logprobs(body: dict, kind: str) -> int | None:
@@ -289,13 +305,26 @@ def _include_usage(options, stream: bool) -> bool:
     return value
 
 
-def speculative_metrics(stats) -> dict:
-    """vLLM's per-request `metrics.speculative_decoding`, from a row's DecodeStats."""
-    if stats is None:  # never admitted
-        steps = drafted = accepted = 0
-    else:
-        steps, drafted, accepted = stats.rounds, stats.drafted_tokens, stats.accepted_drafts
+def speculative_metrics(*stats) -> dict:
+    """vLLM's per-request `metrics.speculative_decoding`, from the DecodeStats of a request's rows
+    (one per choice) summed, a row never admitted (None) adding nothing; and by source (who
+    drafted each round: "model", "ngram", "ngram-1", "grammar", or "plain" for the rounds without
+    drafts) the same three counts, which add up to the totals; per position i of a round's block,
+    the rounds with a draft there and those whose draft there was accepted."""
+    total = DecodeStats()
+    for row in (row for row in stats if row is not None):
+        total.rounds += row.rounds
+        total.drafted_tokens += row.drafted_tokens
+        total.accepted_drafts += row.accepted_drafts
+        add_speculation(total, row)
+    steps, drafted, accepted = total.rounds, total.drafted_tokens, total.accepted_drafts
+    by_source = {name: {"num_spec_steps": share.rounds, "num_draft_tokens": share.drafted_tokens,
+                        "num_accepted_draft_tokens": share.accepted_drafts}
+                 for name, share in sorted(total.by_source.items())}
+    drafted_per_pos, accepted_per_pos = total.drafted_per_pos, total.accepted_per_pos
     return {"num_spec_steps": steps, "num_draft_tokens": drafted,
             "num_accepted_draft_tokens": accepted,
             "draft_acceptance_rate": accepted / drafted if drafted else None,
-            "mean_acceptance_length": 1 + accepted / steps if steps else None}
+            "mean_acceptance_length": 1 + accepted / steps if steps else None,
+            "by_source": by_source, "num_draft_tokens_per_pos": drafted_per_pos,
+            "num_accepted_tokens_per_pos": accepted_per_pos}

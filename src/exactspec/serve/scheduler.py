@@ -6,8 +6,9 @@ prefill); one round runs over the batch (`driver.Driver`: the γ of the rows who
 comes from one `BatchController` per drafter for as long as the server runs, from past rounds
 only); finished rows leave. Tokens reach the request handlers
 through `loop.call_soon_threadsafe` onto each request's asyncio queue, as
-("tokens", ids, logprobs) events (logprobs: one `TokenLogprob` per id where the request asked,
-else None) and one final ("done", finish_reason) or ("error", message).
+(index, "tokens", ids, logprobs) events (logprobs: one `TokenLogprob` per id where the request
+asked, else None) and one final (index, "done", finish_reason) or (index, "error", message); index
+is the job's choice of its request (a request with `n` choices is n jobs sharing one queue).
 """
 from __future__ import annotations
 
@@ -46,9 +47,10 @@ class Job:
     created: float = field(default_factory=time.perf_counter)
     stats: object = None  # the row's DecodeStats once admitted (read for the response's metrics)
     cancelled: bool = False
+    index: int = 0  # which choice of its request this row is: every event it sends starts with it
 
     def send(self, *event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, *event))
 
 
 class Scheduler:
@@ -79,23 +81,26 @@ class Scheduler:
             self.lock.notify()
         self.thread.join(timeout=30)
 
-    def submit(self, job: Job) -> None:
+    def submit(self, *jobs: Job) -> None:
+        """Queue a request's jobs (one per choice), all or none: each waits for a row."""
         with self.lock:
-            if len(self.waiting) >= self.max_queue:
-                raise QueueFull(f"the server's queue is full ({self.max_queue} requests waiting); "
-                                "retry later")
-            self.waiting.append(job)
+            if len(self.waiting) + len(jobs) > self.max_queue:
+                raise QueueFull(f"the server's queue is full ({self.max_queue} rows waiting at "
+                                f"most, {len(self.waiting)} now, {len(jobs)} asked); retry later")
+            self.waiting.extend(jobs)
             self._gauges()
             self.lock.notify()
 
-    def cancel(self, job: Job) -> None:
-        """The client went away (or a stop string ended it): its row leaves at the next boundary."""
+    def cancel(self, *jobs: Job) -> None:
+        """The client went away (or a stop string ended a choice): the jobs' rows leave together
+        at the next boundary."""
         with self.lock:
-            job.cancelled = True
-            if job in self.waiting:
-                self.waiting.remove(job)
-            else:
-                self.to_cancel.add(job)
+            for job in jobs:
+                job.cancelled = True
+                if job in self.waiting:
+                    self.waiting.remove(job)
+                else:
+                    self.to_cancel.add(job)
             self._gauges()
             self.lock.notify()
 
