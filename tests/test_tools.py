@@ -281,6 +281,26 @@ def test_tiny_stream_sends_the_calls(tool_server):
     assert stream["content"] == (whole.message.content or "")
 
 
+def test_tiny_n_choices_each_read_their_calls(tool_server):
+    """n = 2 with a seed: each choice reads its own calls, and is the reply that choice's seed
+    (`noise.choice_seed`) gives alone — choice 0 the request's seed."""
+    from exactspec.noise import choice_seed
+
+    both = tool_server.client.chat.completions.create(
+        model="tiny", messages=QUESTION, tools=TOOLS, tool_choice="required", n=2, seed=5,
+        temperature=1.0, max_tokens=160, parallel_tool_calls=True).choices
+    for choice in both:
+        alone = ask(tool_server, "required", seed=choice_seed(5, choice.index), temperature=1.0,
+                    parallel_tool_calls=True)
+        assert choice.finish_reason == alone.finish_reason
+        assert choice.message.content == alone.message.content
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or ()]
+        assert calls == [(c.function.name, c.function.arguments) for c in alone.message.tool_calls or ()]
+        if choice.finish_reason == "tool_calls":
+            check_calls(choice.message.tool_calls, tuple(SCHEMAS))
+    assert [c.finish_reason for c in both].count("tool_calls") >= 1
+
+
 def ask_stream(srv, tool_choice, messages=QUESTION, model="tiny", **kwargs) -> dict:
     """A streamed reply's content, calls (name, arguments) and finish reason."""
     kwargs = {"temperature": 0, "max_tokens": 160, "parallel_tool_calls": False, **kwargs}
@@ -364,18 +384,17 @@ def greedy_calls(srv, prompt: str, tool_choice, gamma, parallel: bool = True) ->
 
 @pytest.mark.slow
 def test_bundled_model_tool_calls():
-    """SmolLM2 (its template has no tools: the preamble): greedy "required" and named replies to
-    three prompts are valid calls, token for token the same with γ 0, 4 and "auto"; streamed, the
-    same calls; "none" gives text. One call a reply: after a call, greedy SmolLM2 starts another
-    rather than end (it was not trained on tools), until max_tokens."""
+    """SmolLM2 (its template has no tools: the preamble): greedy replies to three prompts, "required"
+    or named in turn, are valid calls, token for token the same with γ 0 and "auto" (γ 4: the
+    tiny model's tests); streamed, the same calls; "none" gives text. One call a reply: after a
+    call, greedy SmolLM2 starts another rather than end (it was not trained on tools), until
+    max_tokens."""
     srv = real_server("smollm2-135m-instruct")
     try:
-        for prompt, name in zip(PROMPTS, SCHEMAS):
-            for tool_choice in ("required", named(name)):
-                plain = greedy_calls(srv, prompt, tool_choice, 0, parallel=False)
-                for gamma in (4, "auto"):
-                    assert greedy_calls(srv, prompt, tool_choice, gamma, parallel=False) == plain, (
-                        prompt, tool_choice, gamma)
+        for i, (prompt, name) in enumerate(zip(PROMPTS, SCHEMAS)):
+            tool_choice = named(name) if i % 2 else "required"
+            plain = greedy_calls(srv, prompt, tool_choice, 0, parallel=False)
+            assert greedy_calls(srv, prompt, tool_choice, "auto", parallel=False) == plain, (prompt, tool_choice)
         messages = [{"role": "user", "content": PROMPTS[0]}]
         whole = srv.client.chat.completions.create(model="real", messages=messages, tools=TOOLS, temperature=0,
                                                    max_tokens=160, tool_choice="required").choices[0]
