@@ -22,6 +22,8 @@ from exactspec.serve.metrics import ServerMetrics
 from exactspec.serve.protocol import ApiError, Params, parse_request
 from exactspec.serve.reply import Reply
 from exactspec.serve.scheduler import Job, QueueFull, Scheduler
+from exactspec.serve.tool_calls import chat_prompt
+from exactspec.serve.tools import tool_constraint
 
 log = logging.getLogger("exactspec.serve")
 DEFAULT_MAX_TOKENS = {"completions": 16, "chat": 512}  # OpenAI's completions default is 16
@@ -187,7 +189,8 @@ def _encode(state: ServerState, params: Params) -> list[int]:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ApiError(400, "this model's tokenizer has no chat template; use /v1/completions",
                            param="messages")
-        encoded = tokenizer.apply_chat_template(params.messages, add_generation_prompt=True,
+        messages, tools = chat_prompt(tokenizer, params.messages, params.tools)  # tools: serve.tool_calls
+        encoded = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                                 return_tensors="pt")
         ids = encoded if not hasattr(encoded, "keys") else encoded["input_ids"]
         return ids[0].tolist()
@@ -215,15 +218,18 @@ def _settings(state: ServerState, params: Params, prompt_tokens: int) -> RowSett
                             f"{prompt_tokens + max_tokens} were requested ({prompt_tokens} in the "
                             f"{field}, {max_tokens} to generate)", param=field,
                        code="context_length_exceeded")
-    if params.constraint is not None:
-        _check_constrainable(state)
+    constraint = params.constraint
+    if constraint is not None:
+        _check_constrainable(state, "response_format")
+    elif params.tools is not None:  # the reply follows the tools' grammar (serve.tools)
+        constraint = tool_constraint(params.tools, state.target.tokenizer, _check_constrainable(state, "tools"))
     if params.logit_bias and params.logit_bias[-1][0] >= state.target.vocab_size:
         raise ApiError(400, f"logit_bias token ids must be in [0, {state.target.vocab_size}), got "
                             f"{params.logit_bias[-1][0]}", param="logit_bias")
     gamma = state.config.gamma if params.gamma is None else params.gamma
     return RowSettings(max_new_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k,
                        top_p=params.top_p, seed=params.seed, gamma=gamma, verify=_rule(state, params),
-                       constraint=params.constraint, frequency_penalty=params.frequency_penalty,
+                       constraint=constraint, frequency_penalty=params.frequency_penalty,
                        presence_penalty=params.presence_penalty,
                        repetition_penalty=params.repetition_penalty, logit_bias=params.logit_bias,
                        min_p=params.min_p, logprobs=params.logprobs)
@@ -238,19 +244,18 @@ def _choice_settings(settings: RowSettings, params: Params, index: int) -> RowSe
     return replace(settings, seed=choice_seed(params.seed, index))
 
 
-def _check_constrainable(state: ServerState) -> None:
-    """A 400 naming response_format when llguidance cannot read the model's tokenizer (made once,
-    then kept for every constrained request)."""
+def _check_constrainable(state: ServerState, param: str):
+    """llguidance's view of the model's tokenizer (made once, then kept for every constrained
+    request); a 400 naming `param` when llguidance cannot read it."""
     from exactspec.constraints import matcher_tokenizer
     from exactspec.models import eos_token_ids, usable_vocab
     from exactspec.models.loaded import memory_of
 
     try:
-        matcher_tokenizer(state.target.tokenizer, usable_vocab(state.target),
-                          set(eos_token_ids(state.target)), memory_of(state.target))
+        return matcher_tokenizer(state.target.tokenizer, usable_vocab(state.target),
+                                 set(eos_token_ids(state.target)), memory_of(state.target))
     except (ValueError, ImportError) as err:
-        raise ApiError(400, f"response_format is not available for this model: {err}",
-                       param="response_format") from None
+        raise ApiError(400, f"{param} is not available for this model: {err}", param=param) from None
 
 
 def _rule(state: ServerState, params: Params) -> str:

@@ -7,9 +7,10 @@ Supported: `model`, `prompt` (completions: a string or a list of token ids) / `m
 `repetition_penalty` (> 0), `logprobs` (chat: a boolean, with `top_logprobs` in [0, 20];
 completions: an integer in [0, 20]; see `serve.logprobs`), `top_k`, `gamma` (an integer in [0, 32] or
 "auto"), `verify` ("block", "token" or "coupled"; default: "coupled" for a request with a
-`seed`, so its text does not depend on its company, else the server's rule), and `n` (1 to
-MAX_CHOICES choices, each its own row; `best_of` only as 1 or n). Fields that only restate the
-default (`echo: false`, null values, ...) are accepted; any other field,
+`seed`, so its text does not depend on its company, else the server's rule), `n` (1 to
+MAX_CHOICES choices, each its own row; `best_of` only as 1 or n); chat's `tools`, `tool_choice`
+and `parallel_tool_calls`, and messages with `tool_calls` or `role: "tool"` (`serve.tools`).
+Fields that only restate the default (`echo: false`, null values, ...) are accepted; any other field,
 or a value the server cannot honour, is a 400 naming the field — never silently ignored.
 """
 from __future__ import annotations
@@ -22,6 +23,8 @@ from exactspec.constraints import Constraint
 from exactspec.logprobs import MAX_TOP_LOGPROBS
 from exactspec.penalties import logit_bias_pairs
 from exactspec.rows import DecodeStats, add_speculation
+from exactspec.serve.errors import ApiError, bad  # noqa: F401  (ApiError: re-exported)
+from exactspec.serve.tools import ToolRequest, assistant_calls, parse_tools, tool_result
 from exactspec.verify import VERIFY_RULES
 
 MAX_STOPS = 4
@@ -33,24 +36,10 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop"
           "stream_options", "gamma", "verify", "response_format", "frequency_penalty",
           "presence_penalty", "repetition_penalty", "logit_bias", "min_p", "logprobs", "n", "best_of"}
 FIELDS = {"completions": COMMON | {"prompt"},
-          "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
-
-
-class ApiError(Exception):
-    """An HTTP error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def bad(param: str, message: str) -> ApiError:
-    return ApiError(400, message, param=param)
+          "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                            "parallel_tool_calls"}}
+# The keys a message may hold besides role, content and name (null ones are ignored).
+_MESSAGE_KEYS = {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}
 
 
 @dataclass
@@ -78,6 +67,7 @@ class Params:
     logit_bias: tuple[tuple[int, float], ...] | None = None  # sorted (token id, bias) pairs
     min_p: float | None = None
     logprobs: int | None = None  # alternatives per token; None: no logprobs
+    tools: ToolRequest | None = None  # chat's tools, tool_choice and parallel_tool_calls
     n: int = 1  # choices: rows decoded independently, choice i seeded `noise.choice_seed(seed, i)`
 
 
@@ -129,6 +119,8 @@ def _stop(body: dict) -> list[str]:
 
 
 def _messages(body: dict) -> list[dict]:
+    """Chat messages as the chat template takes them; an assistant's `tool_calls` and a `tool`
+    message (a call's result) as Hugging Face's templates expect them (`serve.tools`)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", f"messages must be a non-empty list, got {messages!r}")
@@ -136,20 +128,34 @@ def _messages(body: dict) -> list[dict]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad(f"messages[{i}]", f"messages[{i}] must be an object with a string 'role'")
-        content = message.get("content")
-        if isinstance(content, list):  # content parts: only text parts
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise bad(f"messages[{i}].content", "only text content parts are supported")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise bad(f"messages[{i}].content", f"messages[{i}].content must be a string")
-        extra = set(message) - {"role", "content", "name"}
+        role, where = message["role"], f"messages[{i}]"
+        extra = {k for k, v in message.items() if v is not None} - {"role", "content", "name"}
+        extra -= _MESSAGE_KEYS.get(role, set())
         if extra:
-            name = sorted(extra)[0]
-            raise bad(f"messages[{i}].{name}", f"messages[{i}].{name} is not supported")
-        out.append({"role": message["role"], "content": content})
+            raise bad(f"{where}.{sorted(extra)[0]}", f"{where}.{sorted(extra)[0]} is not supported")
+        calls = role == "assistant" and message.get("tool_calls") is not None
+        content = _content(message.get("content"), where, optional=calls)
+        if calls:
+            out.append(assistant_calls(message, content, where))
+        elif role == "tool":
+            out.append(tool_result(message, content, where))
+        else:
+            out.append({"role": role, "content": content})
     return out
+
+
+def _content(content, where: str, optional: bool = False) -> str | None:
+    """A message's content: a string, or text content parts joined (None where `optional`)."""
+    if content is None and optional:
+        return None
+    if isinstance(content, list):  # content parts: only text parts
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise bad(f"{where}.content", "only text content parts are supported")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise bad(f"{where}.content", f"{where}.content must be a string")
+    return content
 
 
 def _prompt(body: dict):
@@ -178,6 +184,7 @@ def parse_request(body, kind: str) -> Params:
     params = Params(kind=kind, model=model)
     if kind == "chat":
         params.messages = _messages(body)
+        params.tools = parse_tools(body)
     else:
         params.prompt = _prompt(body)
     limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -199,6 +206,9 @@ def parse_request(body, kind: str) -> Params:
                             f"got {verify!r}")
     params.verify = verify
     params.constraint = _response_format(body.get("response_format"))
+    if params.constraint is not None and params.tools is not None and params.tools.calls:
+        raise bad("response_format", "response_format with tools needs tool_choice = 'none' (a reply "
+                                     "that may call tools follows the tools' grammar)")
     _penalties(body, params)
     params.logprobs = _logprobs(body, kind)
     params.n = _choices(body)

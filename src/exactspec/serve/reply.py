@@ -14,6 +14,7 @@ from exactspec.serve.logprobs import Spelling, chat_logprobs, completion_logprob
 from exactspec.serve.protocol import ApiError, Params, speculative_metrics
 from exactspec.serve.scheduler import Job
 from exactspec.serve.text import TextStream
+from exactspec.serve.tool_calls import ToolCallReader, delta_calls
 
 
 class Choice:
@@ -31,6 +32,7 @@ class Choice:
         self.offset = 0  # completions' text_offset of the next token
         self.parts: list[str] = []  # the whole (non-streamed) answer's text and logprobs
         self.chosen: list = []
+        self.calls = ToolCallReader() if params.tools is not None and params.tools.calls else None
 
     def take(self, kind: str, event: list) -> tuple[str, list | None]:
         """(text delta, the round's TokenLogprobs or None) of one "tokens" or "done" event; a
@@ -55,8 +57,9 @@ class Choice:
         metrics = self.state.metrics
         metrics.observe_request(len(self.job.prompt), speculative_metrics(self.job.stats),
                                 self.tokens, self.finish_reason, time.perf_counter() - self.job.created)
-        if params.constraint is not None:
-            metrics.constrained.labels(kind=params.constraint.kind).inc()
+        if params.constraint is not None or params.tools is not None:
+            kind = "tools" if params.constraint is None else params.constraint.kind
+            metrics.constrained.labels(kind=kind).inc()
 
 
 class Reply:
@@ -120,12 +123,13 @@ class Reply:
         logprobs, index = self._logprobs(choice, chosen), choice.index
         if self.params.kind == "completions":
             return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+        fields = {"role": "assistant", "content": text or ""} if first else _fields(choice, text, chunk)
+        if choice.calls is not None and choice.calls.calls and finish == "stop":
+            finish = "tool_calls"  # the reply ended after its calls
         if not chunk:
-            return {"index": index, "message": {"role": "assistant", "content": text},
+            return {"index": index, "message": {"role": "assistant", **fields},
                     "logprobs": logprobs, "finish_reason": finish}
-        delta = {"role": "assistant", "content": text or ""} if first else (
-            {"content": text} if text else {})
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "delta": fields, "logprobs": logprobs, "finish_reason": finish}
 
     async def whole(self, request: Request) -> JSONResponse:
         """The non-streamed answer; a client that goes away cancels all its rows."""
@@ -164,6 +168,8 @@ class Reply:
                         piece = self._choice(choice, None, choice.finish_reason, True)
                     else:
                         piece = self._choice(choice, delta, None, True, chosen=chosen)
+                        if piece.get("delta") == {} and not piece["logprobs"]:
+                            continue  # held back: the start of a tool call
                     yield _sse({**self._head(True), "choices": [piece]})
             except ApiError as err:
                 yield _sse(err.body())
@@ -176,6 +182,21 @@ class Reply:
         finally:
             if self._open():  # the client went away mid-stream: free its rows
                 self.state.scheduler.cancel(*self._open())
+
+
+def _fields(choice: Choice, text: str | None, chunk: bool) -> dict:
+    """A chat chunk's delta (chunk) or the whole reply's message fields: the text, read for tool
+    calls when the request may call them (`serve.tool_calls`; text None: the end)."""
+    if choice.calls is None:
+        return {"content": text} if text or not chunk else {}
+    content, calls = choice.calls.push(text or "")
+    if text is None or not chunk:
+        content += choice.calls.flush()
+    if not chunk:
+        return {"content": content or None, "tool_calls": calls} if calls else {"content": content}
+    first = len(choice.calls.calls) - len(calls)
+    return {**({"content": content} if content else {}),
+            **({"tool_calls": delta_calls(calls, first)} if calls else {})}
 
 
 def _sse(obj: dict) -> str:
