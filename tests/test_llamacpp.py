@@ -208,3 +208,14 @@ def test_bad_specs_are_one_line_errors(target, tiny_loaded_pair, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if the extra were not installed
     with pytest.raises(ImportError, match=r"pip install 'exactspec\[llamacpp\]'"):
         make_drafter(f"llamacpp:{llamacpp.gguf_file(target)}")
+
+
+def test_exactspec_threads_fixes_the_drafts_thread_count(monkeypatch, target):
+    """EXACTSPEC_THREADS fixes a llama.cpp draft's thread count as it does the target's (no
+    per-decode choice); unset, the draft chooses between all usable cores and one."""
+    monkeypatch.setenv(runtime.THREADS_ENV, "1")
+    drafter = drafter_for(target)
+    assert (drafter.n_threads, drafter.threads) == (1, None)
+    monkeypatch.delenv(runtime.THREADS_ENV)
+    drafter = drafter_for(target)
+    assert drafter.n_threads == runtime.usable_cores() and drafter.threads is not None

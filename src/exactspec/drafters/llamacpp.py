@@ -17,7 +17,8 @@ import torch
 from exactspec.drafters.base import Drafter, Proposal, lag
 from exactspec.models import check_length, input_device, unwrap_model
 from exactspec.models.llamacpp import (
-    import_llama_cpp, load_gguf, token_list, torch_on_one_thread, usable_cores,
+    THREADS_ENV, import_llama_cpp, load_gguf, target_threads, token_list, torch_on_one_thread,
+    usable_cores,
 )
 from exactspec.sampling import SamplingConfig, sample
 from exactspec.threads import ThreadChoice
@@ -52,9 +53,11 @@ class LlamaCppDrafter(Drafter):
             raise ValueError(f"draft 'llamacpp:{path}': no such GGUF file")
         import_llama_cpp()  # the install line, if llama-cpp-python is missing
         self.gguf = load_gguf(str(self.path.resolve()))
+        if n_threads is None and os.environ.get(THREADS_ENV) is not None:
+            n_threads = target_threads()  # a process sharing its cores: the target's fixed count
         self.n_threads = n_threads or usable_cores()
         # its decodes run on all its threads or on one, whichever is faster now (`Sequences`,
-        # `exactspec.threads`); a count given explicitly is kept
+        # `exactspec.threads`); a count given explicitly (or by EXACTSPEC_THREADS) is kept
         self.threads = ThreadChoice((self.n_threads, 1)) if n_threads is None else None
         self.name = f"llamacpp:{self.path.name}"
         self.rows, self.device = None, torch.device("cpu")
