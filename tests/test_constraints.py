@@ -471,6 +471,24 @@ def test_grammar_rounds_draft_every_forced_token_even_at_gamma_0():
     assert out.rounds_by_source["grammar"] == 1 and out.kept_by_source["grammar"] == 4
 
 
+def test_per_row_grammar_rounds_verify_forced_tokens_on_top_of_gamma():
+    """Per-row decoding (the server's): a row whose γ is "auto" verifies its grammar's forced
+    tokens even when the controller's γ is 0, and keeps them; a row that asked for γ 0 (plain
+    decoding) verifies none; a row whose budget ends inside the forced tokens stops at its
+    budget. Every row's text is plain constrained decoding's."""
+    target, _ = grammar_pair()
+    plain = es.autoregressive_generate(target, torch.tensor([PROMPT]), max_new_tokens=8,
+                                       temperature=0.0, constraint=GRAMMARS["jsonish"]).sequences[0]
+    settings = [RowSettings(max_new_tokens=n, temperature=0.0, gamma=g, constraint=GRAMMARS["jsonish"])
+                for n, g in ((8, "auto"), (8, 0), (2, "auto"))]
+    decoder = start(target, NGramDrafter(), [PROMPT] * 3, settings)
+    while not decoder.done:
+        decoder.step(0)
+    assert decoder.rows.new == [plain[len(PROMPT):].tolist()[:n] for n in (8, 8, 2)]
+    kept = [stats.accepted_drafts for stats in decoder.rows.stats]
+    assert kept[0] >= 4 and kept[1] == 0 and kept[2] == 1
+
+
 def test_the_first_rounds_forced_drafts_share_the_prompts_pass():
     """The grammar forces the opening before any pass: the first round scores the prompt and
     those drafts in one pass (one target call per round, none for the prefill alone), and the

@@ -213,9 +213,12 @@ class PerRow:
         return streams
 
     def lengths(self, proposal, emitted: list[int]) -> list[int]:
-        """Drafts row b verifies: its γ_b, cut to what it proposed itself."""
+        """Drafts row b verifies: its γ_b, after the tokens its grammar forces unless the row asked
+        for plain decoding (γ 0), cut to what it proposed itself."""
         proposed = proposal.lengths or [proposal.tokens.size(1)] * len(emitted)
-        return [min(g, n) for g, n in zip(self.gammas(emitted), proposed)]
+        forced = proposal.forced or [0] * len(emitted)
+        return [min(g + (f if row.gamma != 0 else 0), row.max_new_tokens - e - 1, n)
+                for row, g, f, n, e in zip(self.settings, self.gammas(emitted), forced, proposed, emitted)]
 
     def verify(self, proposal, drafts: torch.Tensor, p: torch.Tensor,
                emitted: list[int], noise: list) -> BlockResult:

@@ -30,11 +30,13 @@ class Proposal:
     """tokens: LongTensor[B, γ'] with γ' ≤ γ; q: [B, γ', V] the distributions they were sampled
     from, or None for a point-mass draft. lengths (optional): how many of its γ' tokens each row
     proposed itself, the rest padding to the longest row; per-row decoding verifies only those,
-    so a row's block does not depend on the other rows."""
+    so a row's block does not depend on the other rows. forced (optional): how many of each row's
+    first drafts its grammar forces (`GrammarDrafter`), verified on top of the row's γ."""
 
     tokens: torch.Tensor
     q: torch.Tensor | None
     lengths: list[int] | None = None
+    forced: list[int] | None = None
 
 
 class Drafter:

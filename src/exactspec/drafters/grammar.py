@@ -167,8 +167,10 @@ class GrammarDrafter(Drafter):
         self.own = True
         if self.next_source() == GRAMMAR:  # every forced token, then up to γ more, within the budget
             cap = self._room()
-            return self._point_mass([self._chain(b, [], min(len(forced) + gamma, cap))
-                                     for b, forced in enumerate(self.forced)])
+            proposal = self._point_mass([self._chain(b, [], min(len(forced) + gamma, cap))
+                                         for b, forced in enumerate(self.forced)])
+            proposal.forced = [min(len(forced), cap) for forced in self.forced]
+            return proposal
         proposal = self.inner.propose(gamma, sampling, generator)
         if proposal.q is not None:  # model drafts come from a masked q: all allowed
             self.own = False
