@@ -165,6 +165,20 @@ def one_thread():
 ALPHA = 1e-6  # false-failure rate of each statistical test (fixed seeds make it repeatable)
 
 
+def round_ends(block: tuple, weight: float, tokens: torch.Tensor, q, p: torch.Tensor, verify: str):
+    """(probability, emitted tokens) of each way one round over the drafts `block` (tokens[1, k],
+    drafted with probability `weight`) can end: τ drafts kept by the round's exact law
+    (`stop_distribution`), then the next token (`next_token_weights`)."""
+    from exactspec.verify import next_token_weights, stop_distribution
+
+    law = stop_distribution(tokens, q, p, verify)[0]  # [k+1]
+    for tau in range(tokens.size(1) + 1):
+        if law[tau] > 0:
+            nxt = next_token_weights(tokens, q, p, torch.tensor([tau]), verify)[0]  # [V]
+            for y in nxt.nonzero().flatten().tolist():
+                yield weight * law[tau].item() * (nxt[y] / nxt.sum()).item(), block[:tau] + (y,)
+
+
 def chi_square_pvalue(counts, probs, min_expected=5.0):
     """Chi-square of observed counts against exact probabilities, as dicts keyed by outcome or as
     vectors indexed by token; cells expected below min_expected are pooled into one. An outcome

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import exactspec as es
-from conftest import ALPHA, GRAMMAR_VOCAB, chi_square_pvalue, make_grammar_tokenizer, make_tiny_llama
+from conftest import (ALPHA, GRAMMAR_VOCAB, chi_square_pvalue, make_grammar_tokenizer, make_tiny_llama,
+                      round_ends)
 from exactspec.batching import RowSettings
 from exactspec.constraints import Constraint, Masked, RowMatchers, as_constraint, matcher_tokenizer
 from exactspec.controller import GammaController
@@ -20,7 +21,6 @@ from exactspec.drafters import NGramDrafter
 from exactspec.engine import Decoder, pad_prompts
 from exactspec.models import LoadedModel
 from exactspec.sampling import SamplingConfig, probs_from_logits
-from exactspec.verify import next_token_weights, stop_distribution
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -156,12 +156,7 @@ def round_outcomes(constraint, committed, gamma, verify, settings, drafts, p_mas
         scores = torch.stack([target(committed + block[:j]) for j in range(k + 1)]).unsqueeze(0)  # [1, k+1, V]
         tokens = torch.tensor([block], dtype=torch.long).view(1, k)  # [1, k]
         p = make_p.probs(scores, drafts=tokens)  # [1, k+1, V]
-        law = stop_distribution(tokens, q, p, verify)[0]  # [k+1]
-        for tau in range(k + 1):
-            if law[tau] > 0:
-                nxt = next_token_weights(tokens, q, p, torch.tensor([tau]), verify)[0]  # [V]
-                for y in nxt.nonzero().flatten().tolist():
-                    yield weight * law[tau].item() * (nxt[y] / nxt.sum()).item(), block[:tau] + (y,)
+        yield from round_ends(block, weight, tokens, q, p, verify)
 
 
 def round_then_target(constraint, committed, gamma, verify, settings, drafts, **breaks):

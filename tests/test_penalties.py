@@ -12,13 +12,13 @@ import pytest
 import torch
 
 import exactspec as es
+from conftest import round_ends
 from test_cli_generate import tiny_folders  # noqa: F401  (the module-scoped fixture)
 from exactspec.batching import RowSettings
 from exactspec.drafters import ModelDrafter
 from exactspec.engine import Decoder, pad_prompts
 from exactspec.penalties import Penalized
 from exactspec.sampling import SamplingConfig, probs_from_logits
-from exactspec.verify import next_token_weights, stop_distribution
 
 # --------------------------------------------------------------------------- settings and errors
 
@@ -138,12 +138,7 @@ def round_outcomes(generated, gamma, verify, make_q, make_p):
         scores = torch.stack([TARGET(committed + block[:j]) for j in range(gamma + 1)]).unsqueeze(0)  # [1, γ+1, V]
         p = make_p.probs(scores, drafts=tokens)  # [1, γ+1, V]
         q = torch.stack(qs).unsqueeze(0)  # [1, γ, V]
-        law = stop_distribution(tokens, q, p, verify)[0]  # [γ+1]
-        for tau in range(gamma + 1):
-            if law[tau] > 0:
-                nxt = next_token_weights(tokens, q, p, torch.tensor([tau]), verify)[0]  # [V]
-                for y in nxt.nonzero().flatten().tolist():
-                    yield weight * law[tau].item() * (nxt[y] / nxt.sum()).item(), block[:tau] + (y,)
+        yield from round_ends(block, weight, tokens, q, p, verify)
 
 
 def worst_gap(settings, generated, gamma, verify, make_q=None, make_p=None):

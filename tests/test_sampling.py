@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
 
 import exactspec as es
 from exactspec.verify import next_token_weights, stop_distribution
-from conftest import ALPHA, chi_square_pvalue
+from conftest import ALPHA, chi_square_pvalue, round_ends
 
 # Statistical tests fail by chance with probability ALPHA each (fixed seeds make them repeatable).
 
@@ -141,15 +141,7 @@ def round_outcomes(tables, gamma, verify):
             continue
         p = torch.stack([tables.p(pre) for pre in prefixes]).unsqueeze(0)  # [1, γ+1, V]
         draft = torch.tensor([block], dtype=torch.long).view(1, gamma)  # [1, γ]
-        law = stop_distribution(draft, q, p, verify)[0]  # [γ+1]
-        for tau in range(gamma + 1):
-            if law[tau] == 0:
-                continue
-            nxt = next_token_weights(draft, q, p, torch.tensor([tau]), verify)[0]  # [V]
-            nxt = nxt / nxt.sum()
-            for y in range(vocab):
-                if nxt[y] > 0:
-                    yield weight * law[tau].item() * nxt[y].item(), block[:tau] + (y,)
+        yield from round_ends(block, weight, draft, q, p, verify)
 
 
 def round_then_target(tables, gamma, verify):

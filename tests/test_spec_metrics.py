@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from exactspec.controller import MAX_GAMMA
-from exactspec.rows import DecodeStats, Rows, SourceCounts, add_speculation, round_source
+from exactspec.rows import DecodeStats, Rows, SourceCounts, round_source
 
 EOS = 2
 
@@ -48,10 +48,11 @@ def test_counts_per_source_and_position_on_hand_made_rounds():
     assert (third.drafted_per_pos, third.accepted_per_pos) == ([1, 1, 1], [1, 1])
     for stats in rows.stats:
         assert_consistent(stats)
-    total = DecodeStats(drafted_tokens=sum(s.drafted_tokens for s in rows.stats),
-                        accepted_drafts=sum(s.accepted_drafts for s in rows.stats))
+    total = DecodeStats()
     for stats in rows.stats:
-        add_speculation(total, stats)
+        total.add(stats, rounds=True)
+    assert total.drafted_tokens == sum(s.drafted_tokens for s in rows.stats)
+    assert total.rounds == sum(s.rounds for s in rows.stats)
     assert (total.drafted_per_pos, total.accepted_per_pos) == ([6, 6, 3], [5, 3, 1])
     assert total.by_source["ngram"].accepted_drafts == 6 and total.by_source["plain"].rounds == 1
 

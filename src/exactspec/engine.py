@@ -31,8 +31,7 @@ from exactspec.driver import Driver, trace_line  # noqa: F401 (trace_line: part 
 from exactspec.logprobs import TokenLogprob, check_logprobs_args
 from exactspec.models import check_context, eos_token_ids, unwrap_model
 from exactspec.models.loaded import memory_of
-from exactspec.rows import (DecodeStats, EndRow, Rows,  # noqa: F401 (EndRow: part of the API)
-                            add_speculation)
+from exactspec.rows import DecodeStats, EndRow, Rows  # noqa: F401 (EndRow: part of the API)
 from exactspec.sampling import SamplingConfig
 from exactspec.targets import Scorer, make_target
 from exactspec.verify import VERIFY_RULES, verify_block
@@ -306,10 +305,7 @@ def _output(ids, valid, rows: Rows, lm, drafter, rounds: int,
                         hole_fraction=statistics.fmean(lm.hole_shares) if lm.hole_shares else 0.0,
                         wall_seconds=wall, time_to_first_token=rows.first_token_at)
     for stats in rows.stats:
-        for counter in ("output_tokens", "accepted_drafts", "drafted_tokens", "corrections",
-                        "bonus_tokens"):
-            setattr(total, counter, getattr(total, counter) + getattr(stats, counter))
-        add_speculation(total, stats)  # by_source's rounds: the rows' rounds, summed
+        total.add(stats)  # by_source's rounds: the rows' rounds, summed
         stats.wall_seconds = stats.wall_seconds or wall
     return GenerateOutput(sequences, total, rows.stats)
 

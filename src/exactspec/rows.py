@@ -26,6 +26,10 @@ class SourceCounts:
         self.accepted_drafts += accepted_drafts
 
 
+ROW_COUNTERS = (  # what a batch total sums over its rows (`DecodeStats.add`)
+    "output_tokens", "accepted_drafts", "drafted_tokens", "corrections", "bonus_tokens")
+
+
 @dataclass
 class DecodeStats:
     """Counters of one generation. output tokens = accepted drafts + corrections + bonus tokens.
@@ -64,6 +68,20 @@ class DecodeStats:
     @property
     def tokens_per_s(self) -> float | None:
         return self.output_tokens / self.wall_seconds if self.wall_seconds > 0 else None
+
+    def add(self, row: DecodeStats, rounds: bool = False) -> None:
+        """Add a row's token counts, by_source and per-position counts (and its rounds, with
+        `rounds`: a request's choices; a batch counts its own rounds) into this total."""
+        for counter in ROW_COUNTERS + (("rounds",) if rounds else ()):
+            setattr(self, counter, getattr(self, counter) + getattr(row, counter))
+        for source, share in row.by_source.items():
+            self.by_source.setdefault(source, SourceCounts()).add(
+                share.rounds, share.drafted_tokens, share.accepted_drafts)
+        for mine, theirs in ((self.drafted_per_pos, row.drafted_per_pos),
+                             (self.accepted_per_pos, row.accepted_per_pos)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, n in enumerate(theirs):
+                mine[i] += n
 
     def to_dict(self) -> dict:
         return {**asdict(self), "acceptance_rate": self.acceptance_rate,
@@ -186,15 +204,3 @@ def count_positions(per_pos: list[int], n: int) -> None:
     per_pos.extend([0] * (n - len(per_pos)))
     for i in range(n):
         per_pos[i] += 1
-
-
-def add_speculation(total: DecodeStats, stats: DecodeStats) -> None:
-    """Add a row's by_source and per-position counts into a batch's `total`."""
-    for source, share in stats.by_source.items():
-        total.by_source.setdefault(source, SourceCounts()).add(
-            share.rounds, share.drafted_tokens, share.accepted_drafts)
-    for mine, theirs in ((total.drafted_per_pos, stats.drafted_per_pos),
-                         (total.accepted_per_pos, stats.accepted_per_pos)):
-        mine.extend([0] * (len(theirs) - len(mine)))
-        for i, n in enumerate(theirs):
-            mine[i] += n

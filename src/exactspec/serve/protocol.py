@@ -22,7 +22,7 @@ from exactspec.policy import MAX_GAMMA
 from exactspec.constraints import Constraint
 from exactspec.logprobs import MAX_TOP_LOGPROBS
 from exactspec.penalties import logit_bias_pairs
-from exactspec.rows import DecodeStats, add_speculation
+from exactspec.rows import DecodeStats
 from exactspec.serve.errors import ApiError, bad  # noqa: F401  (ApiError: re-exported)
 from exactspec.serve.tools import ToolRequest, assistant_calls, parse_tools, tool_result
 from exactspec.verify import VERIFY_RULES
@@ -313,10 +313,7 @@ def speculative_metrics(*stats) -> dict:
     the rounds with a draft there and those whose draft there was accepted."""
     total = DecodeStats()
     for row in (row for row in stats if row is not None):
-        total.rounds += row.rounds
-        total.drafted_tokens += row.drafted_tokens
-        total.accepted_drafts += row.accepted_drafts
-        add_speculation(total, row)
+        total.add(row, rounds=True)
     steps, drafted, accepted = total.rounds, total.drafted_tokens, total.accepted_drafts
     by_source = {name: {"num_spec_steps": share.rounds, "num_draft_tokens": share.drafted_tokens,
                         "num_accepted_draft_tokens": share.accepted_drafts}
