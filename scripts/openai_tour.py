@@ -29,6 +29,7 @@ CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength":
 USER = [{"role": "system", "content": "You are a concise assistant."},
         {"role": "user", "content": "Name three colours."}]
 PROMPT = "The three primary colours are"
+NEAR_TIE = 0.01  # nats between the target's two likeliest tokens
 
 
 class Tour:
@@ -38,8 +39,9 @@ class Tour:
         self.client, self.model, self.tool_tokens = client, model, tool_tokens
         self.results: list[dict] = []
 
-    def case(self, name: str, shown, ok: bool, why: str = "") -> None:
-        self.results.append({"case": name, "ok": ok, "shown": shown, **({"why": why} if why else {})})
+    def case(self, name: str, shown, ok: bool, why: str = "", near_tie: bool = False) -> None:
+        self.results.append({"case": name, "ok": ok, "shown": shown, "near_tie": near_tie,
+                             **({"why": why} if why else {})})
 
     def chat(self, stream: bool = False, **kwargs):
         kwargs = {"model": self.model, "messages": USER, "max_tokens": 12, **kwargs}
@@ -73,13 +75,33 @@ class Tour:
                   first.choices[0].text == again.choices[0].text)
         spec = self.completion(temperature=0, extra_body={"gamma": 4, "verify": "block"})
         plain = self.completion(temperature=0, extra_body={"gamma": 0})
-        self.case("completions: greedy, γ 4 (block rule) = γ 0", spec.choices[0].text,
-                  spec.choices[0].text == plain.choices[0].text)
+        self.same("completions: greedy, γ 4 (block rule) = γ 0", spec.choices[0].text, plain.choices[0].text,
+                  temperature=0)
         stopped = self.chat(temperature=0, stop=[","], max_completion_tokens=24)
         self.case("chat: stop, max_completion_tokens", stopped.choices[0].message.content,
                   "," not in stopped.choices[0].message.content)
         ids = self.completion(prompt=[504, 1046], temperature=0, max_tokens=4)
         self.case("completions: prompt as token ids", ids.choices[0].text, ids.usage.prompt_tokens == 2)
+
+    def same(self, name: str, text: str, plain: str, **request) -> None:
+        """A text that must equal plain decoding's (`plain`, the same `request` at γ 0). Where
+        they part at a near-tie of the target (its two likeliest tokens there within NEAR_TIE
+        nats in the plain run), the case says so: on llama.cpp a pass over k tokens and one over
+        a single token round differently, and a near-tie can go either way (docs/llamacpp.md)."""
+        if text == plain:
+            return self.case(name, text, True)
+        common = next(i for i, (a, b) in enumerate(zip(text + "\0", plain + "\0")) if a != b)
+        again = self.completion(logprobs=2, **{**request, "extra_body": {"gamma": 0}}).choices[0]
+        spelled, gap = 0, float("inf")
+        for token, top in zip(again.logprobs.tokens, again.logprobs.top_logprobs):
+            spelled += len(token)
+            if spelled > common:  # the token in which the texts part
+                best = sorted(top.values(), reverse=True)
+                gap = best[0] - best[1] if len(best) > 1 else gap
+                break
+        shown = {"texts": [text, plain], "parted_after": plain[:common], "gap_nats": round(gap, 5)}
+        self.case(name, shown, False, f"a near-tie: {gap:.4f} nats" if gap < NEAR_TIE else "not at a near-tie",
+                  near_tie=gap < NEAR_TIE)
 
     def stream_equals_whole(self) -> None:
         whole = self.chat(temperature=0)
@@ -214,11 +236,13 @@ def main(argv=None) -> int:
         print(json.dumps(results, indent=1))
     else:
         for r in results:
-            mark = "ok  " if r["ok"] else "FAIL"
+            mark = "ok  " if r["ok"] else "tie " if r["near_tie"] else "FAIL"
             print(f"{mark} {r['seconds']:5.1f} s  {r['case']:<58} {json.dumps(r['shown'], ensure_ascii=False)[:90]}"
                   + (f"  ({r['why']})" if "why" in r else ""))
-    failed = [r["case"] for r in results if not r["ok"]]
-    print(f"{len(results) - len(failed)}/{len(results)} cases ok" + (f"; failed: {failed}" if failed else ""),
+    ties = [r["case"] for r in results if r["near_tie"]]
+    failed = [r["case"] for r in results if not r["ok"] and not r["near_tie"]]
+    print(f"{len(results) - len(failed) - len(ties)}/{len(results)} cases ok"
+          + (f"; parted at a near-tie: {ties}" if ties else "") + (f"; failed: {failed}" if failed else ""),
           file=sys.stderr)
     return 1 if failed else 0
 
