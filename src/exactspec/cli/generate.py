@@ -259,7 +259,7 @@ def _draft(spec: str, target, dtype: str | None = None):
         return None if spec.lower() == "none" else "ngram"
     if spec.lower() == "auto" or spec.lower().startswith("auto:"):
         model = _model_draft(spec[len("auto:"):] or default_model_spec(target), target, dtype)
-        drafter = make_drafter("auto", default_model=model)
+        drafter = make_drafter("auto", default_model=model, target=target)
         drafter.spec = f"auto:{_draft_name(model)}"  # for the tables and --json
         return drafter
     return _model_draft(spec, target, dtype)
