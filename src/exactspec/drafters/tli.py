@@ -70,8 +70,7 @@ class TLIDrafter(Drafter):
         if output_vocab_size(self.inner.model) < self.map.draft_size:
             raise ValueError(f"draft {self.inner.name!r} scores only {output_vocab_size(self.inner.model)} "
                              f"token ids, but its tokenizer has {self.map.draft_size}")
-        self.method = (f"token-level intersection: {len(self.map)} of the target's "
-                       f"{self.map.target_size} tokens can be drafted")
+        self.method = self.map.describe()
         return usable_vocab(target)
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:

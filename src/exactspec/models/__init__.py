@@ -20,11 +20,12 @@ from exactspec.models.loading import (
     bundled_gguf_path, load_model, parse_model_spec, resolve_device, resolve_dtype,
 )
 from exactspec.models.vocab import (
-    INTERSECTION, SHARED, check_compatible, check_intersection, encode_prompt, pair_method,
+    INTERSECTION, SHARED, check_compatible, check_intersection, describe_pair, encode_prompt,
+    pair_method,
 )
 
 __all__ = [
-    "INTERSECTION", "SHARED", "check_intersection", "pair_method", "BUNDLED_MODEL", "BUNDLED_PACKAGE", "BUNDLED_PACKAGE_VERSION", "DTYPES", "BundledModelMissing",
+    "INTERSECTION", "SHARED", "check_intersection", "describe_pair", "pair_method", "BUNDLED_MODEL", "BUNDLED_PACKAGE", "BUNDLED_PACKAGE_VERSION", "DTYPES", "BundledModelMissing",
     "LoadedModel", "bundled_gguf_path", "cache_root", "check_compatible", "check_context", "context_length",
     "encode_prompt", "eos_token_ids", "input_device", "load_model", "output_vocab_size", "parse_model_spec",
     "resolve_device", "resolve_dtype", "unwrap_model", "usable_vocab",

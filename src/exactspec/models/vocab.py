@@ -79,6 +79,14 @@ def pair_method(target, draft) -> str:
     return INTERSECTION
 
 
+def describe_pair(target, draft) -> str:
+    """Which way `draft` drafts for `target`, in words: SHARED, or the intersection's size
+    (`VocabMap.describe`); raises ValueError as `check_intersection` does."""
+    if pair_method(target, draft) == SHARED:
+        return SHARED
+    return check_intersection(target, draft).describe()
+
+
 def check_intersection(target, draft) -> VocabMap:
     """The token-level intersection of the target's and the draft's tokenizers (both needed).
     Raises ValueError, naming the first id that differs and the intersection's size, when it

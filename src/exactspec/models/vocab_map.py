@@ -45,6 +45,11 @@ class VocabMap:
     def __len__(self) -> int:
         return self.target_ids.numel()
 
+    def describe(self) -> str:
+        """The method in words, for logs and `TLIDrafter.method`."""
+        return (f"token-level intersection: {len(self)} of the target's {self.target_size} tokens "
+                "can be drafted")
+
     def logits_to_target(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., V_d] → [..., V_t]: the intersection's at their target ids, −inf
         elsewhere (softmax then gives q restricted to the intersection, renormalized)."""
