@@ -262,14 +262,21 @@ def test_generations_follow_the_target_law():
     assert chi_square_pvalue(counts, joint) > ALPHA
 
 
-def test_greedy_output_is_the_targets():
+def test_greedy_output_is_the_targets_row_by_row():
+    """Greedy speculative decoding of a batch whose rows spell their tokens with different
+    numbers of draft tokens (holes in the draft's pending columns) emits each row's plain
+    greedy tokens."""
+    from exactspec.engine import pad_prompts
+
     target, draft = loaded_pair()
-    plain = es.autoregressive_generate(target, torch.tensor([PROMPT]), max_new_tokens=12,
-                                       temperature=0, eos_token_id=[])
+    prompts = [T_TOK.encode(text) for text in ("abc a", "cd ab cd", "e")]
+    ids, mask = pad_prompts([torch.tensor(p) for p in prompts])
+    plain = [es.autoregressive_generate(target, torch.tensor([p]), max_new_tokens=12, temperature=0,
+                                        eos_token_id=[]).sequences[0, len(p):].tolist() for p in prompts]
     for gamma in (1, 3):
-        out = es.speculative_generate(target, draft, torch.tensor([PROMPT]), gamma=gamma,
+        out = es.speculative_generate(target, draft, ids, attention_mask=mask, gamma=gamma,
                                       max_new_tokens=12, temperature=0, eos_token_id=[])
-        assert out.sequences.tolist() == plain.sequences.tolist()
+        assert [[int(t) for t in row][-12:] for row in out.sequences] == plain
 
 
 # --------------------------------------------------------------------------- API and CLI
