@@ -56,8 +56,8 @@ def load_models(config: BenchConfig, models: dict | None = None,
     target's vocabulary. models: LoadedModels by spec, used
     instead of loading; a spec named twice (an auto draft's model and the same model as a draft
     of its own) is loaded once."""
-    from exactspec.drafters import AutoDrafter, ModelDrafter, is_llamacpp_spec, make_drafter
-    from exactspec.models import check_compatible, load_model
+    from exactspec.drafters import AutoDrafter, is_llamacpp_spec, make_drafter, model_drafter
+    from exactspec.models import load_model
 
     config.check()
     if config.threads:
@@ -77,8 +77,9 @@ def load_models(config: BenchConfig, models: dict | None = None,
             drafter.bind(target, 1)
             return drafter, drafter
         model = get(spec)
-        check_compatible(target, model)
-        return model, ModelDrafter(model)
+        drafter = model_drafter(model, target)  # through the intersection if the vocabularies differ
+        drafter.bind(target, 1)
+        return model, drafter
 
     target = get(config.target)
     drafts = {}

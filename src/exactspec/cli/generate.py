@@ -259,7 +259,7 @@ def _draft(spec: str, target, dtype: str | None = None):
         return None if spec.lower() == "none" else "ngram"
     if spec.lower() == "auto" or spec.lower().startswith("auto:"):
         model = _model_draft(spec[len("auto:"):] or default_model_spec(target), target, dtype)
-        drafter = make_drafter("auto", default_model=model)
+        drafter = make_drafter("auto", default_model=model, target=target)
         drafter.spec = f"auto:{_draft_name(model)}"  # for the tables and --json
         return drafter
     return _model_draft(spec, target, dtype)
@@ -270,13 +270,28 @@ def _model_draft(spec: str, target, dtype: str | None):
     from exactspec.drafters import is_llamacpp_spec, make_drafter
 
     if not is_llamacpp_spec(spec):
-        return _load(spec, dtype, "--draft")
+        loaded = _load(spec, dtype, "--draft")
+        _log_pairing(target, loaded)
+        return loaded
     try:
         drafter = make_drafter(spec, target=target)
     except (ValueError, ImportError) as err:
         raise CliError(f"--draft: {err}") from None
     drafter.spec = drafter.name
     return drafter
+
+
+def _log_pairing(target, draft) -> None:
+    """Say when a model draft drafts through the token-level intersection (a pair it cannot
+    serve is refused by the generation, with the reason)."""
+    from exactspec.models import INTERSECTION, describe_pair, pair_method
+
+    if pair_method(target, draft) == INTERSECTION:
+        try:
+            method = describe_pair(target, draft)
+            _log(f"draft {draft.spec} has another vocabulary than {target.spec}: {method}")
+        except ValueError:
+            pass
 
 
 def _draft_name(draft) -> str:

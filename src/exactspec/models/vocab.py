@@ -1,4 +1,5 @@
-"""Can two models share a round? Their vocabularies, compared token by token; and prompt encoding."""
+"""Can two models share a round? Their vocabularies, compared token by token (the same map, or
+drafting through their token-level intersection: `vocab_map`); and prompt encoding."""
 from __future__ import annotations
 
 import functools
@@ -8,6 +9,9 @@ import torch
 from exactspec.models.loaded import (
     LoadedModel, output_vocab_size, tokenizer_size, unwrap_model, vocabulary,
 )
+from exactspec.models.vocab_map import MIN_SHARED, VocabMap, intersect, ordinary_count
+
+SHARED, INTERSECTION = "shared vocabulary", "token-level intersection"  # `pair_method`'s answers
 
 
 def _describe(obj, role: str) -> str:
@@ -64,6 +68,45 @@ def check_token_list(target, tokens: list[str], draft_name: str) -> int:
     return tokenizer_size(t_tok)
 
 
+def pair_method(target, draft) -> str:
+    """How `draft` drafts for `target`: SHARED when their tokenizers map tokens to ids alike, or a
+    side has no tokenizer to tell (`check_compatible` then compares output sizes); INTERSECTION
+    when both have tokenizers whose maps differ (`check_intersection`, `drafters.tli`)."""
+    _, t_tok, _ = unwrap_model(target, "target")
+    _, d_tok, _ = unwrap_model(draft, "draft")
+    if t_tok is None or d_tok is None or t_tok is d_tok or _same_vocabulary(t_tok, d_tok):
+        return SHARED
+    return INTERSECTION
+
+
+def describe_pair(target, draft) -> str:
+    """Which way `draft` drafts for `target`, in words: SHARED, or the intersection's size
+    (`VocabMap.describe`); raises ValueError as `check_intersection` does."""
+    if pair_method(target, draft) == SHARED:
+        return SHARED
+    return check_intersection(target, draft).describe()
+
+
+def check_intersection(target, draft) -> VocabMap:
+    """The token-level intersection of the target's and the draft's tokenizers (both needed).
+    Raises ValueError, naming the first id that differs and the intersection's size, when it
+    holds fewer than MIN_SHARED of the draft's ordinary (not special) tokens."""
+    _, t_tok, _ = unwrap_model(target, "target")
+    _, d_tok, _ = unwrap_model(draft, "draft")
+    t_name, d_name = _describe(target, "target"), _describe(draft, "draft")
+    if t_tok is None or d_tok is None:
+        missing = t_name if t_tok is None else d_name
+        raise ValueError(f"{missing} has no tokenizer: a token-level intersection needs both")
+    shared, ordinary = intersect(t_tok, d_tok), ordinary_count(d_tok)
+    if len(shared) < max(1, MIN_SHARED * ordinary):
+        t_vocab, d_vocab = t_tok.get_vocab(), d_tok.get_vocab()
+        raise ValueError(f"{t_name} and {d_name} have different vocabularies ({len(t_vocab)} vs "
+                         f"{len(d_vocab)} tokens): {_first_difference(t_vocab, d_vocab, t_name, d_name)}, "
+                         f"and their token-level intersection holds {len(shared)} of the {d_name}'s "
+                         f"{ordinary} ordinary tokens (drafting through it needs {MIN_SHARED:.0%})")
+    return shared
+
+
 @functools.lru_cache(maxsize=16)
 def _same_vocabulary(tokenizer, other) -> bool:
     """Whether two tokenizers map tokens to ids alike; memoized (each generation with a model
@@ -85,6 +128,13 @@ def _sorted_token_list(tokens: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
 
 
 def _vocab_difference(t_vocab: dict, d_vocab: dict, t_name: str, d_name: str) -> str:
+    return (f"{t_name} and {d_name} have different vocabularies ({len(t_vocab)} vs {len(d_vocab)} "
+            f"tokens): {_first_difference(t_vocab, d_vocab, t_name, d_name)}; a draft that shares "
+            "the target's rounds token for token needs the same tokenizer vocabulary (a TLIDrafter "
+            "drafts through the token-level intersection instead)")
+
+
+def _first_difference(t_vocab: dict, d_vocab: dict, t_name: str, d_name: str) -> str:
     t_by_id = {i: tok for tok, i in t_vocab.items()}
     d_by_id = {i: tok for tok, i in d_vocab.items()}
     absent = "absent"
@@ -96,8 +146,7 @@ def _vocab_difference(t_vocab: dict, d_vocab: dict, t_name: str, d_name: str) ->
     else:  # same ids and tokens one way round, so a token has two ids on one side
         tok = next(t for t in sorted(set(t_vocab) | set(d_vocab)) if t_vocab.get(t) != d_vocab.get(t))
         where = f"token {tok!r} has id {t_vocab.get(tok)} in the {t_name}'s vocabulary but {d_vocab.get(tok)} in the {d_name}'s"
-    return (f"{t_name} and {d_name} have different vocabularies ({len(t_vocab)} vs {len(d_vocab)} "
-            f"tokens): {where}; speculative decoding needs the same tokenizer vocabulary")
+    return where
 
 
 def encode_prompt(loaded: LoadedModel, text: str, chat: bool | None = None,
