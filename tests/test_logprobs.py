@@ -216,6 +216,21 @@ def test_nothing_is_computed_unless_asked(tiny_pair, monkeypatch):
     assert es.autoregressive_generate(target, ids(PROMPTS[0]), max_new_tokens=4).logprobs is None
 
 
+def test_top_alternatives_are_a_full_stable_sorts():
+    """`_top` (a top-k, then the ties at its edge) lists what a stable descending sort of the
+    whole vocabulary lists first, ties lowest id first: on random logs with many ties and -inf."""
+    from exactspec.logprobs import _top
+
+    gen = torch.Generator().manual_seed(0)
+    logs = torch.randint(-6, 0, (3, 4, 50), generator=gen).double()  # [a, k, V], ties everywhere
+    logs[0, 0, 10:] = -math.inf
+    for n in (1, 5, 20):
+        values, ids = torch.sort(logs, dim=-1, descending=True, stable=True)
+        want = [[list(zip(i[:n].tolist(), v[:n].tolist())) for i, v in zip(row_i, row_v)]
+                for row_i, row_v in zip(ids, values)]
+        assert _top(logs, n) == want, n
+
+
 def test_zero_alternatives_and_greedy_processed(tiny_pair):
     target, _ = tiny_pair
     out = es.autoregressive_generate(target, ids(PROMPTS[1]), max_new_tokens=5, temperature=0,

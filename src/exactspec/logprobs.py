@@ -85,7 +85,14 @@ def _top(logs: torch.Tensor, n: int) -> list:
     """The n most likely (id, log-probability) at each position of logs[a, k, V], lowest id first
     on ties (a stable descending sort), as nested lists [a][k][n]."""
     n = min(n, logs.size(-1))
-    values, ids = torch.sort(logs, dim=-1, descending=True, stable=True)  # [a, k, V]
-    values, ids = values[..., :n].tolist(), ids[..., :n].tolist()  # [a, k, n]
-    return [[list(zip(i, v)) for i, v in zip(row_ids, row_values)]
-            for row_ids, row_values in zip(ids, values)]
+    kth = torch.topk(logs, n, dim=-1).values[..., -1:]  # [a, k, 1], the n-th largest
+    return [[_top_of(position, threshold, n) for position, threshold in zip(row, row_kth)]
+            for row, row_kth in zip(logs, kth)]
+
+
+def _top_of(logs: torch.Tensor, kth: torch.Tensor, n: int) -> list:
+    """The n most likely of logs[V], as a stable descending sort of all V would list them: the
+    ids at or above the n-th largest value (ties included), ascending, sorted stably by value."""
+    ids = (logs >= kth).nonzero().flatten()  # [m], m >= n, ascending
+    values, order = torch.sort(logs[ids], descending=True, stable=True)  # [m]
+    return list(zip(ids[order][:n].tolist(), values[:n].tolist()))
