@@ -140,31 +140,34 @@ def main(argv=None) -> int:
     parser.add_argument("--draft", default="auto")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--parts", default="tools,logprobs", help="which to measure (comma-separated)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     server = ServerProcess(args.target, Mode("drafting", args.draft, "auto"), max_batch=1)
     try:
         url = server.wait_ready()
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=900)
-        print("warming up", file=sys.stderr)
-        measure_tools(client, 1, 24)
-        measure_logprobs(client, 1, 16)
-        print("tool calls", file=sys.stderr)
-        tool_result = measure_tools(client, args.repeats, args.max_tokens)
-        print("logprobs", file=sys.stderr)
-        logprob_result = measure_logprobs(client, args.repeats, args.max_tokens)
+        result = {"target": args.target, "draft": args.draft, "repeats": args.repeats,
+                  "max_tokens": args.max_tokens}
+        for part, measure in (("tools", measure_tools), ("logprobs", measure_logprobs)):
+            if part in args.parts.split(","):
+                print(f"{part}: warming up, then measuring", file=sys.stderr)
+                measure(client, 1, 16)
+                result[part] = measure(client, args.repeats, args.max_tokens)
     finally:
         server.close()
-    result = {"target": args.target, "draft": args.draft, "repeats": args.repeats,
-              "max_tokens": args.max_tokens, "tools": tool_result, "logprobs": logprob_result}
-    t, lp = tool_result, logprob_result
-    print(f"tool calls ({len(PROMPTS)} prompts): γ auto {t['tokens_per_s']['auto']:.1f} tok/s, plain constrained "
-          f"{t['tokens_per_s']['plain']:.1f} tok/s, {t['speedup']:.2f}×; invalid {len(t['invalid'])}, "
-          f"greedy replies differing {t['greedy_disagree']}")
-    print(f"logprobs ({len(DEFAULT_PROMPTS)} prompts, γ auto): on {lp['tokens_per_s']['on']:.1f} tok/s, off "
-          f"{lp['tokens_per_s']['off']:.1f} tok/s, on/off {lp['on_over_off']:.3f}; texts differing {lp['texts_differ']}")
-    for problem in t["invalid"]:
-        print("  invalid:", problem)
+    if "tools" in result:
+        t = result["tools"]
+        print(f"tool calls ({len(PROMPTS)} prompts): γ auto {t['tokens_per_s']['auto']:.1f} tok/s, plain "
+              f"constrained {t['tokens_per_s']['plain']:.1f} tok/s, {t['speedup']:.2f}×; invalid "
+              f"{len(t['invalid'])}, greedy replies differing {t['greedy_disagree']}")
+        for problem in t["invalid"]:
+            print("  invalid:", problem)
+    if "logprobs" in result:
+        lp = result["logprobs"]
+        print(f"logprobs ({len(DEFAULT_PROMPTS)} prompts, γ auto): on {lp['tokens_per_s']['on']:.1f} tok/s, off "
+              f"{lp['tokens_per_s']['off']:.1f} tok/s, on/off {lp['on_over_off']:.3f}; texts differing "
+              f"{lp['texts_differ']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)

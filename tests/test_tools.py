@@ -411,13 +411,13 @@ def test_bundled_model_tool_calls():
 @pytest.mark.slow
 def test_real_pair_tool_calls():
     """Qwen2.5-Coder 1.5B (llama.cpp, its own template's tools, `<tool_call>` a token of its own)
-    with its 0.5B draft: greedy "required" replies to the prompts are valid calls, the same
-    tokens with γ 0 and "auto"."""
+    with its 0.5B draft: a greedy "required" reply is a valid call, the same tokens with γ 0 and
+    "auto" (ten prompts: scripts/serve_fields_bench.py)."""
     from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET
 
     srv = real_server(f"llamacpp:{PAIR_TARGET}", f"llamacpp:{PAIR_DRAFT}")
     try:
-        for prompt in PROMPTS[:2]:
+        for prompt in PROMPTS[:1]:
             tokens, calls = greedy_calls(srv, prompt, "required", 0)
             assert greedy_calls(srv, prompt, "required", "auto") == (tokens, calls)
             assert tokens[0] == "<tool_call>"
