@@ -351,25 +351,17 @@ PROMPTS = ["What is the weather in Paris, in celsius?", "Search the web for gree
            "What is 17 times 23?"]
 
 
-def real_server(target: str, draft: str = "auto"):
-    """A server on a real model (a bundled or packaged name, maybe `llamacpp:`); skipped when the
-    packages that ship it are absent."""
+def real_server(target: str):
+    """A server on the bundled model, its default draft; skipped when the package that ships it
+    is absent."""
     from exactspec.models import BundledModelMissing
-    from exactspec.models.loading import LLAMACPP_PREFIX, bundled_gguf_path
-    from exactspec.models.packaged import PackagedModelMissing, packaged_model, part_path
+    from exactspec.models.loading import bundled_gguf_path
 
     try:
-        for name in (target, draft):
-            name = name.removeprefix(LLAMACPP_PREFIX)
-            if name == "smollm2-135m-instruct":
-                bundled_gguf_path()
-            elif packaged_model(name) is not None:
-                part_path(packaged_model(name), 1)
-    except (BundledModelMissing, PackagedModelMissing) as err:
+        bundled_gguf_path()
+    except BundledModelMissing as err:
         pytest.skip(str(err))
-    if target.startswith(LLAMACPP_PREFIX):
-        pytest.importorskip("llama_cpp")
-    return Server(ServeConfig(target=target, draft=draft, gamma="auto", model_name="real"))
+    return Server(ServeConfig(target=target, gamma="auto", model_name="real"))
 
 
 def greedy_calls(srv, prompt: str, tool_choice, gamma, parallel: bool = True) -> tuple[list, list]:

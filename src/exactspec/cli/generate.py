@@ -284,14 +284,14 @@ def _model_draft(spec: str, target, dtype: str | None):
 def _log_pairing(target, draft) -> None:
     """Say when a model draft drafts through the token-level intersection (a pair it cannot
     serve is refused by the generation, with the reason)."""
-    from exactspec.models import INTERSECTION, describe_pair, pair_method
+    from exactspec.models import SHARED, describe_pair
 
-    if pair_method(target, draft) == INTERSECTION:
-        try:
-            method = describe_pair(target, draft)
-            _log(f"draft {draft.spec} has another vocabulary than {target.spec}: {method}")
-        except ValueError:
-            pass
+    try:
+        method = describe_pair(target, draft)
+    except ValueError:
+        return
+    if method != SHARED:
+        _log(f"draft {draft.spec} has another vocabulary than {target.spec}: {method}")
 
 
 def _draft_name(draft) -> str:

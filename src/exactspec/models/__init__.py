@@ -25,8 +25,9 @@ from exactspec.models.vocab import (
 )
 
 __all__ = [
-    "INTERSECTION", "SHARED", "check_intersection", "describe_pair", "pair_method", "BUNDLED_MODEL", "BUNDLED_PACKAGE", "BUNDLED_PACKAGE_VERSION", "DTYPES", "BundledModelMissing",
-    "LoadedModel", "bundled_gguf_path", "cache_root", "check_compatible", "check_context", "context_length",
-    "encode_prompt", "eos_token_ids", "input_device", "load_model", "output_vocab_size", "parse_model_spec",
-    "resolve_device", "resolve_dtype", "unwrap_model", "usable_vocab",
+    "BUNDLED_MODEL", "BUNDLED_PACKAGE", "BUNDLED_PACKAGE_VERSION", "DTYPES", "INTERSECTION", "SHARED",
+    "BundledModelMissing", "LoadedModel", "bundled_gguf_path", "cache_root", "check_compatible",
+    "check_context", "check_intersection", "context_length", "describe_pair", "encode_prompt",
+    "eos_token_ids", "input_device", "load_model", "output_vocab_size", "pair_method",
+    "parse_model_spec", "resolve_device", "resolve_dtype", "unwrap_model", "usable_vocab",
 ]

@@ -130,10 +130,11 @@ def token_texts(tokenizer, size: int) -> list[str | None]:
     return [pair[len(head):] if pair.startswith(head) else None for pair in pairs]
 
 
-def _by_text(tokenizer, size: int) -> dict[str, int]:
-    """text → id over the ordinary tokens of whole, non-empty text, one id per text."""
+def _by_text(tokenizer, texts: list[str | None]) -> dict[str, int]:
+    """text → id over the ordinary tokens of whole, non-empty text (`texts`: `token_texts`), one
+    id per text."""
     specials, by_text = special_ids(tokenizer), {}
-    for i, text in enumerate(token_texts(tokenizer, size)):
+    for i, text in enumerate(texts):
         if i in specials or not text or "\ufffd" in text:
             continue
         by_text.setdefault(text, []).append(i)
@@ -154,7 +155,8 @@ def intersect(target_tokenizer, draft_tokenizer) -> VocabMap:
     """The token-level intersection of two tokenizers (memoized per pair)."""
     t_size, d_size = tokenizer_size(target_tokenizer), tokenizer_size(draft_tokenizer)
     t_texts = token_texts(target_tokenizer, t_size)
-    target, draft = _by_text(target_tokenizer, t_size), _by_text(draft_tokenizer, d_size)
+    target = _by_text(target_tokenizer, t_texts)
+    draft = _by_text(draft_tokenizer, token_texts(draft_tokenizer, d_size))
     shared = sorted((target[text], draft[text]) for text in target.keys() & draft.keys())
     texts = [text if text is not None else target_tokenizer.decode([i]) for i, text in enumerate(t_texts)]
     return VocabMap([t for t, _ in shared], [d for _, d in shared], t_size, d_size, texts,
