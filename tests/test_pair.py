@@ -185,7 +185,7 @@ def test_pass_rate_intervals():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--workload", "mbpp"], r"--workload must be humaneval or humaneval:N, got 'mbpp'"),
+    (["--workload", "mbpp"], r"--workload must be humaneval\[:N\], json\[:N\] or mix\[:N\], got 'mbpp'"),
     (["--workload", "humaneval:0"], r"--workload: the number of problems must be an integer in \[1, 164\]"),
     (["--workload", "humaneval:2", "--prompts", "p.jsonl"], r"--prompts and --workload both name the prompts"),
     (["--hf-gammas", "auto"], r"--hf-gammas: Transformers' γ are integers, got 'auto'"),

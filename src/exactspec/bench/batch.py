@@ -51,7 +51,8 @@ def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: lis
                      log: Callable[[str], None] = lambda _m: None) -> list[dict]:
     """One row per (batch size, temperature, method, draft, γ, verify): total output tokens/s and
     its ratio to plain decoding at the same batch size. drafts: as `run.load_models` makes them."""
-    prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start) for p in config.prompts]
+    prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start, history=p.history)
+                  for p in config.prompts]
     rows = []
     for batch_size in batch_sizes:
         ids, mask = batch_inputs(prompt_ids, batch_size)
@@ -91,8 +92,11 @@ def batch_throughput(target, drafts: dict, config: BenchConfig, batch_sizes: lis
 def run_batch_benchmark(config: BenchConfig, batch_sizes: list[int],
                         log: Callable[[str], None] = lambda _m: None) -> dict:
     """Load the models of `config` and measure `batch_throughput`: {config, machine, batch}."""
+    from exactspec.bench.mix import with_first_replies
+
     target, drafts = load_models(config)
     log(f"loaded {target.spec} and {len(drafts)} draft(s)")
+    config = with_first_replies(config, target, log)
     rows = batch_throughput(target, drafts, config, batch_sizes, log)
     return {"config": {**config.to_dict(), "batch_sizes": batch_sizes},
             "machine": machine_info(target.device), "batch": rows}

@@ -17,7 +17,8 @@ decoding methods compared:
   llama.cpp's own server, plain and speculating (`LLAMA_SERVER_SPECS`).
 
 A **workload** (``workload``, e.g. "humaneval:20") replaces the prompts with a public task's
-and adds each row's pass@1 (`exactspec.bench.humaneval`).
+and adds each row's pass@1 (`exactspec.bench.humaneval`); "mix:N" is N prompts of each of nine
+categories (`exactspec.bench.mix`), each category a prompt kind, so rows are per category.
 
 The **drafts** are model specs, "llamacpp" / "llamacpp:PATH" (a GGUF run by llama.cpp; plain
 "llamacpp" is the target's own file), "ngram" (prompt lookup) and "auto" / "auto:SPEC": prompt
@@ -61,6 +62,8 @@ WARMUP_TOKENS = 16  # a warm-up generation is this long (or max_new_tokens, if s
 class BenchPrompt:
     """One prompt: `kind` groups prompts into rows ("open", "grounded", "humaneval", or a file's
     own kinds). reply_start: text the assistant's reply begins with (after the chat template);
+    history: earlier turns, (role, content) pairs before the user turn `text` (the mix's chat-2;
+    ending with a user turn until the bench answers it, `bench.mix.answer_first_turns`);
     problem: a workload's problem, for its functional check (`bench.humaneval`); constraint:
     what the reply must match (`exactspec.constraints`; the json workload's schemas)."""
 
@@ -68,6 +71,7 @@ class BenchPrompt:
     kind: str
     text: str
     reply_start: str = ""
+    history: tuple[tuple[str, str], ...] = ()
     problem: dict | None = field(default=None, compare=False, hash=False, repr=False)
     constraint: object = field(default=None, compare=False, hash=False, repr=False)
 

@@ -206,10 +206,11 @@ def add_pass_at_1(rows: list[dict], results: dict, config: BenchConfig, tokenize
         outcome[spec] = [passed(config.prompts[i], r.tokens) for (i, _), r in zip(jobs, runs)
                          if config.prompts[i].problem]
     plain = {spec.temperature: outcome[spec] for spec in outcome if spec.method == "autoregressive"}
+    kinds = {p.kind for p in config.prompts if p.problem}  # "humaneval", or the mix's "code-gen"
     for row in rows:
         spec = RunSpec(row["method"], row["temperature"], row["draft"], row["gamma"], row["verify"])
         got = outcome.get(spec)
-        if not got or row["prompts"] != "humaneval":
+        if not got or row["prompts"] not in kinds:
             continue
         row["pass_at_1"] = sum(got) / len(got)
         row["pass_at_1_interval"] = humaneval.pass_rate_interval(sum(got), len(got))

@@ -30,6 +30,7 @@ from exactspec.bench.config import (CURVE_MIN_GAMMA, LLAMA_METHODS, NGRAM, WARMU
                                     is_auto_draft, plan)
 from exactspec.bench.curves import build_costmodel
 from exactspec.bench.machine import load_average, machine_info
+from exactspec.bench.mix import with_first_replies
 from exactspec.bench.report import add_pass_at_1, add_speedups, add_validity, summarize
 from exactspec.bench.results import RunResult
 from exactspec.bench.runners import Runner
@@ -108,6 +109,7 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
     log = log or _silent
     started = time.perf_counter()
     target, drafts = load_models(config, models, log)
+    config = with_first_replies(config, target, log)  # the mix's chat-2: the target's own replies
     llama = llama_peers(config, target, log) if config.llama_peers else None
     try:
         with BackgroundLoad(config.background_load):
@@ -152,7 +154,7 @@ def _order(specs: list, k: int) -> list:
 def _run(config, target, drafts, llama, timings, log, started, trace=None) -> dict:
     runner = Runner(target, drafts, config, llama, trace)
     machine = machine_info(runner.device)
-    prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start) for p in config.prompts]
+    prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start, history=p.history) for p in config.prompts]
     specs = plan(config)
     if llama is not None and llama.server is None:
         specs = [spec for spec in specs if spec.method != "llama_server"]

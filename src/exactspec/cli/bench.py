@@ -107,16 +107,20 @@ def _output_options(p) -> None:
 
 def _workload_options(p) -> None:
     """Prompts from a task, llama.cpp's peers, Transformers' γ, and the real pair."""
+    from exactspec.bench import mix
     from exactspec.bench.humaneval import DEFAULT_PROBLEMS
 
-    p.add_argument("--workload", metavar="humaneval[:N] | json[:N]",
+    p.add_argument("--workload", metavar="humaneval[:N] | json[:N] | mix[:N]",
                    help="prompts from a task instead: the first N HumanEval problems "
                         f"(default N: {DEFAULT_PROBLEMS}) as chat prompts, each row with its "
                         "pass@1 from the problems' tests run in a sandboxed subprocess; or N of "
                         "the 10 JSON-extraction tasks (a passage and a schema), each reply "
                         "constrained to its schema, rows with the share valid, the share of "
                         "tokens the grammar forced and the constraint's ms per token "
-                        "(exactspec's rows only)")
+                        "(exactspec's rows only); or mix: N prompts (default "
+                        f"{mix.DEFAULT_PER_CATEGORY}) from each of {len(mix.CATEGORIES)} task "
+                        f"categories ({', '.join(mix.CATEGORIES)}), rows per category "
+                        f"(default --max-new-tokens {mix.MAX_NEW_TOKENS})")
     p.add_argument("--llama-peers", action=argparse.BooleanOptionalAction, default=False,
                    help="also llama.cpp on the target's GGUF: plain (llama-cpp-python) and its "
                         "own llama-server, plain and speculating (`make peers` builds it) "
@@ -160,25 +164,34 @@ def _draft_name(text: str) -> str:
 
 
 def _workload(text: str) -> tuple[list, str]:
-    """The prompts of --workload humaneval[:N] or json[:N], and its name."""
-    from exactspec.bench import extraction
+    """The prompts of --workload humaneval[:N], json[:N] or mix[:N], and its name."""
+    from exactspec.bench import extraction, mix
     from exactspec.bench.humaneval import parse_workload, workload_prompts
 
-    if text.strip().lower().partition(":")[0] == extraction.WORKLOAD:
+    kind = text.strip().lower().partition(":")[0]
+    if kind == extraction.WORKLOAD:
         n = extraction.parse_count(text)
         return extraction.workload_prompts(f"json:{n}"), f"json:{n}"
+    if kind == mix.WORKLOAD:
+        n = mix.parse_count(text)
+        return mix.workload_prompts(f"mix:{n}"), f"mix:{n}"
+    if kind != "humaneval":
+        raise ValueError(f"--workload must be humaneval[:N], json[:N] or mix[:N], got {text!r}")
     kind, n = parse_workload(text)
     return workload_prompts(f"{kind}:{n}"), f"{kind}:{n}"
 
 
-def _budget(given: str | None, constrained: bool) -> str:
+def _budget(given: str | None, workload: str | None) -> str:
     """--max-new-tokens as given, else the default: for the json workload its own
-    (`extraction.MAX_NEW_TOKENS`: a reply ends at its JSON's end, and one cut off is not JSON)."""
-    from exactspec.bench import config as bench, extraction
+    (`extraction.MAX_NEW_TOKENS`: a reply ends at its JSON's end, and one cut off is not JSON),
+    for the mix `mix.MAX_NEW_TOKENS`."""
+    from exactspec.bench import config as bench, extraction, mix
 
     if given is not None:
         return given
-    return str(extraction.MAX_NEW_TOKENS if constrained else bench.DEFAULT_MAX_NEW_TOKENS)
+    own = {extraction.WORKLOAD: extraction.MAX_NEW_TOKENS, mix.WORKLOAD: mix.MAX_NEW_TOKENS}
+    return str(own.get((workload or "").strip().lower().partition(":")[0],
+                       bench.DEFAULT_MAX_NEW_TOKENS))
 
 
 def config_from_args(args):
@@ -228,7 +241,7 @@ def config_from_args(args):
     config = bench.BenchConfig(
         **chosen, temperatures=temperatures, prompts=prompts, prompts_source=source,
         workload=source if workload is not None else None,
-        max_new_tokens=parse_int("--max-new-tokens", _budget(args.max_new_tokens, constrained), 1),
+        max_new_tokens=parse_int("--max-new-tokens", _budget(args.max_new_tokens, workload), 1),
         repeats=parse_int("--repeats", args.repeats, 1), warmup=parse_int("--warmup", args.warmup, 0),
         peers=peers, seed=parse_int("--seed", args.seed, 0),
         seeds=parse_int("--seeds", args.seeds, 1),

@@ -150,21 +150,23 @@ def _first_difference(t_vocab: dict, d_vocab: dict, t_name: str, d_name: str) ->
 
 
 def encode_prompt(loaded: LoadedModel, text: str, chat: bool | None = None,
-                  reply_start: str = "") -> torch.Tensor:
+                  reply_start: str = "", history=()) -> torch.Tensor:
     """Token ids [1, L] of one user prompt: through the tokenizer's chat template when `chat`
     is True, or when it is None and the tokenizer has a template; plain encoding otherwise.
-    reply_start: text the reply begins with, encoded after the prompt (no special tokens)."""
+    reply_start: text the reply begins with, encoded after the prompt (no special tokens);
+    history: earlier turns, (role, content) pairs put before the prompt (a chat template's only)."""
     if not text.strip():
         raise ValueError("the prompt is empty")
     tokenizer = loaded.tokenizer
     if tokenizer is None:
         raise ValueError(f"model {loaded.name!r} has no tokenizer to encode the prompt")
     has_template = getattr(tokenizer, "chat_template", None) is not None
-    if chat and not has_template:
+    if (chat or history) and not has_template:
         raise ValueError(f"chat: the tokenizer of {loaded.name!r} has no chat template")
-    if chat or (chat is None and has_template):
-        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                add_generation_prompt=True, return_tensors="pt")
+    if chat or history or (chat is None and has_template):
+        turns = [*({"role": role, "content": content} for role, content in history),
+                 {"role": "user", "content": text}]
+        encoded = tokenizer.apply_chat_template(turns, add_generation_prompt=True, return_tensors="pt")
         ids = encoded if isinstance(encoded, torch.Tensor) else encoded["input_ids"]
     else:
         ids = tokenizer(text, return_tensors="pt").input_ids
