@@ -99,7 +99,8 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
                   timings: dict | None = None, log: Callable[[str], None] | None = log_to_stderr,
                   trace: Callable[[dict], None] | None = None
                   ) -> dict:
-    """Run the benchmark and return {config, machine, rows, summary, costmodel, elapsed_seconds}.
+    """Run the benchmark and return {config, machine, rows, summary, costmodel, ceiling,
+    elapsed_seconds} (the ceiling and the oracle row: `exactspec.bench.ceiling`).
 
     models: LoadedModels by spec, used instead of loading (tests); timings: the cost model's
     inputs, used instead of timing the models (tests). log: progress lines (None: silent).
