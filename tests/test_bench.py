@@ -31,7 +31,7 @@ ROW_FIELDS = {
     "decode_speedup_vs_autoregressive",
     "matches_autoregressive", "peer_settings", "rounds_by_source", "mean_gamma",
     "generation_tokens", "generation_seconds", "grammar_share", "constraint_ms_per_token",
-    "pass_tokens_per_s", "pass_decode_tokens_per_s",
+    "pass_tokens_per_s", "pass_decode_tokens_per_s", "share_of_ceiling",
 }
 # fake cost-model inputs (seconds): target passes over 1..9 tokens, and each draft per token
 FAKE_TIMINGS = {
@@ -521,7 +521,8 @@ def test_cli_end_to_end_on_tiny_models(tiny_loaded_pair, tmp_path, capsys, monke
     assert result["config"]["drafts"] == ["tiny-draft", "ngram", "auto:tiny-draft"]
     assert result["config"]["gammas"] == [2, "auto"]
     assert {(r["draft"], r["gamma"]) for r in result["rows"] if r["method"] == "speculative"} \
-        == {(d, g) for d in ("tiny-draft", "ngram", "auto:tiny-draft") for g in (2, "auto")}
+        == {(d, g) for d in ("tiny-draft", "ngram", "auto:tiny-draft") for g in (2, "auto")} \
+        | {("oracle", max(1, result["ceiling"]["k"] - 1))}  # the oracle row: on by default
     assert {c["draft"] for c in result["costmodel"]["curves"]} == {"tiny-draft", "ngram"}
     assert plot.exists()
     assert "T = 0, grounded prompts" in captured.out and "recommended γ" in captured.out

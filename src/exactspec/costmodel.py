@@ -93,3 +93,19 @@ def coupled_acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     both = (p > 0) & (q > 0)  # [..., V], the tokens both races can pick
     m = torch.maximum(q.unsqueeze(-2) / q.unsqueeze(-1), p.unsqueeze(-2) / p.unsqueeze(-1))  # [..., a, x]
     return torch.where(both, 1 / m.sum(dim=-1), 0.0).sum(dim=-1)  # [...]
+
+
+def ceiling(pass_seconds) -> tuple[int, float]:
+    """The most any speculation can give on this machine: max over k of k · T(1) / T(k), and the
+    k that reaches it (smallest on ties), from the target's pass times T(1..K) (seconds, T(k) at
+    index k − 1). A round whose k − 1 drafts are all kept emits k tokens for one pass over k,
+    where plain decoding pays k passes over one, at no draft cost: no draft does better."""
+    times = list(pass_seconds)
+    if not times:
+        raise ValueError("pass_seconds is empty: need T(1..K), the target's pass over 1..K tokens")
+    for k, t in enumerate(times, start=1):
+        if isinstance(t, bool) or not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise ValueError(f"pass_seconds must be finite numbers > 0, got T({k}) = {t}")
+    gains = [k * times[0] / t for k, t in enumerate(times, start=1)]
+    k = max(range(1, len(times) + 1), key=lambda n: (gains[n - 1], -n))
+    return k, gains[k - 1]

@@ -216,6 +216,7 @@ class BenchConfig:
     llama_peers: bool = False  # also llama.cpp plain and llama-server on the target's GGUF
     workload: str | None = None  # "humaneval[:N]": the prompts are its problems, rows get pass@1
     background_load: int = 0  # busy processes beside the whole run (`exactspec.bench.load`)
+    oracle: bool = False  # also the oracle row: each prompt's greedy tokens as drafts (`bench.ceiling`)
 
     def check(self) -> "BenchConfig":
         """Raise a ValueError naming the first bad field and its value; return self."""

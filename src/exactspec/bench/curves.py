@@ -2,13 +2,15 @@
 γ+1 tokens and the draft's cost per token from direct timings of the models' forward pass on a KV
 cache (`exactspec.bench.timing`), then `costmodel.speedup_measured` per γ beside the measured
 speedup, and the γ it recommends. Rows with γ = "auto" or the auto draft have no single γ or
-draft cost: they stay in the rows and the summary, not in the curves.
+draft cost: they stay in the rows and the summary, not in the curves; nor does the oracle row
+(`bench.ceiling`).
 """
 from __future__ import annotations
 
 from exactspec import costmodel
 from exactspec.bench.config import AUTO, VERIFY_ORDER, is_auto_draft
 from exactspec.bench.report import alpha_estimate, ratio
+from exactspec.drafters.oracle import ORACLE
 
 
 def _target_seconds(timings: dict) -> dict[int, float]:
@@ -29,7 +31,8 @@ def build_costmodel(rows: list[dict], timings: dict, curve_max_gamma: int) -> di
     curves = []
     groups = {}
     for r in rows:
-        if r["method"] == "speculative" and r["gamma"] != AUTO and not is_auto_draft(r["draft"]):
+        if r["method"] == "speculative" and r["gamma"] != AUTO and not is_auto_draft(r["draft"]) \
+                and r["draft"] != ORACLE:  # the oracle's drafts cost nothing: it has its own line
             groups.setdefault((r["temperature"], r["prompts"], r["draft"]), []).append(r)
     for (temperature, kind, draft), group in groups.items():
         source = "token" if any(r["verify"] == "token" for r in group) else "block"

@@ -28,6 +28,8 @@ import torch
 from exactspec.bench.config import (CURVE_MIN_GAMMA, LLAMA_METHODS, NGRAM, WARMUP_TOKENS,
                                     BenchConfig, RunSpec, auto_model_spec, fixed_gammas,
                                     is_auto_draft, plan)
+from exactspec.bench.ceiling import (ORACLE, OracleDrafter, add_shares, measured_ceiling,
+                                     oracle_gamma, oracle_specs, reference_continuations)
 from exactspec.bench.curves import build_costmodel
 from exactspec.bench.machine import load_average, machine_info
 from exactspec.bench.mix import with_first_replies
@@ -98,7 +100,8 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
                   timings: dict | None = None, log: Callable[[str], None] | None = log_to_stderr,
                   trace: Callable[[dict], None] | None = None
                   ) -> dict:
-    """Run the benchmark and return {config, machine, rows, summary, costmodel, elapsed_seconds}.
+    """Run the benchmark and return {config, machine, rows, summary, costmodel, ceiling,
+    elapsed_seconds} (the ceiling and the oracle row: `exactspec.bench.ceiling`).
 
     models: LoadedModels by spec, used instead of loading (tests); timings: the cost model's
     inputs, used instead of timing the models (tests). log: progress lines (None: silent).
@@ -155,25 +158,31 @@ def _run(config, target, drafts, llama, timings, log, started, trace=None) -> di
     runner = Runner(target, drafts, config, llama, trace)
     machine = machine_info(runner.device)
     prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start, history=p.history) for p in config.prompts]
+    if config.oracle:  # before the timings: its references are plain greedy decoding, untimed
+        references = reference_continuations(runner, prompt_ids, config, log)
+    curve_max = max([CURVE_MIN_GAMMA, *fixed_gammas(config.gammas)])
+    if timings is None:  # before the passes: the oracle's γ is the ceiling's
+        context = int(statistics.median(ids.size(1) for ids in prompt_ids)) \
+            + config.max_new_tokens // 2
+        context_ids = context_from_prompts(prompt_ids, context)
+        timings = measure_timings(target, drafts, context_ids, curve_max, log)
+    ceiling = measured_ceiling(timings)
     specs = plan(config)
+    if config.oracle:
+        runner.drafts[ORACLE] = OracleDrafter(references)
+        specs += oracle_specs(config, oracle_gamma(ceiling))
     if llama is not None and llama.server is None:
         specs = [spec for spec in specs if spec.method != "llama_server"]
     _warm_up(runner, specs, prompt_ids, config, log)
     results = _timed_passes(runner, specs, prompt_ids, config, log)
     rows = _rows(runner, specs, results, config)
     add_speedups(rows)
+    add_shares(rows, ceiling)
     if any(p.problem for p in config.prompts):
         log("checking completions against their problems' tests ...")
         add_pass_at_1(rows, results, config, target.tokenizer)
     if any(p.constraint for p in config.prompts):
         add_validity(rows, results, config, target.tokenizer)
-
-    curve_max = max([CURVE_MIN_GAMMA, *fixed_gammas(config.gammas)])
-    if timings is None:
-        context = int(statistics.median(ids.size(1) for ids in prompt_ids)) \
-            + config.max_new_tokens // 2
-        context_ids = context_from_prompts(prompt_ids, context)
-        timings = measure_timings(target, drafts, context_ids, curve_max, log)
     machine["load_average_end"] = load_average()
     return {
         "config": config.to_dict(),
@@ -181,6 +190,7 @@ def _run(config, target, drafts, llama, timings, log, started, trace=None) -> di
         "rows": rows,
         "summary": build_summary(rows),
         "costmodel": build_costmodel(rows, timings, curve_max),
+        "ceiling": ceiling,
         "elapsed_seconds": time.perf_counter() - started,
     }
 

@@ -1,7 +1,8 @@
 """The summary, per temperature and prompt kind: exactspec's best prompt-lookup row (n-gram or
 auto draft) against Transformers' best prompt-lookup row, every γ = "auto" row against plain
 decoding and against the best fixed γ of its draft and rule (`gamma_sweep`, with a bootstrap
-interval over the generations), and exactspec's fastest row against each peer (`peer_summary`).
+interval over the generations), and exactspec's fastest row against each peer (`peer_summary`;
+the oracle row, `bench.ceiling`, is not a contender).
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from exactspec.bench.config import AUTO, NGRAM, is_auto_draft
 from exactspec.bench.report import paired_ratio
+from exactspec.drafters.oracle import ORACLE
 
 
 def _brief(row: dict | None) -> dict | None:
@@ -49,7 +51,8 @@ def _is_model_draft(draft: str | None) -> bool:
     """A model draft run in PyTorch (not prompt lookup, the auto draft or llama.cpp)."""
     from exactspec.drafters import is_llamacpp_spec
 
-    return bool(draft) and draft != NGRAM and not is_auto_draft(draft) and not is_llamacpp_spec(draft)
+    return (bool(draft) and draft not in (NGRAM, ORACLE) and not is_auto_draft(draft)
+            and not is_llamacpp_spec(draft))
 
 
 def peer_summary(group: list[dict]) -> dict:
@@ -57,7 +60,7 @@ def peer_summary(group: list[dict]) -> dict:
     plain PyTorch decoding, Transformers' fastest assisted generation with a model draft, with
     each PyTorch model draft exactspec's fastest row against Transformers' fastest with that
     same draft, and llama.cpp plain and its server's fastest row."""
-    best = _fastest([r for r in group if r["method"] == "speculative"])
+    best = _fastest([r for r in group if r["method"] == "speculative" and r["draft"] != ORACLE])
     hf = _fastest([r for r in group if r["method"] == "hf_assisted" and _is_model_draft(r["draft"])])
     plain = next((r for r in group if r["method"] == "autoregressive"), None)
     llama = next((r for r in group if r["method"] == "llamacpp"), None)

@@ -4,7 +4,7 @@ Transformers' own (assisted) generation, with the cost model made from measureme
     exactspec bench [--target NAME] [--draft NAME|ngram|auto[:NAME] ...] [--gammas 4,auto]
                     [--prompts FILE] [--max-new-tokens 32] [--temperature 0 0.8] [--repeats 3]
                     [--warmup 1] [--seed 0] [--seeds 1] [--peers/--no-peers] [--verify block,token]
-                    [--json OUT] [--plot OUT.png]
+                    [--oracle/--no-oracle] [--json OUT] [--plot OUT.png]
     exactspec bench --batch-sizes 1,4,8 [same options]   batch throughput instead
 
 Progress goes to stderr, the tables to stdout. Options are checked before any model loads, so
@@ -125,6 +125,10 @@ def _workload_options(p) -> None:
                    help="also llama.cpp on the target's GGUF: plain (llama-cpp-python) and its "
                         "own llama-server, plain and speculating (`make peers` builds it) "
                         "(default: off)")
+    p.add_argument("--oracle", action=argparse.BooleanOptionalAction, default=True,
+                   help="also the oracle row: exactspec drafting each prompt's own plain greedy "
+                        "tokens at the ceiling's γ, the best speculation reaches here (its "
+                        "references cost one untimed greedy generation per prompt) (default: on)")
     p.add_argument("--hf-gammas", metavar="G,G,...",
                    help="Transformers' fixed γ (assisted generation and lookup), when not the "
                         "integer γ of --gammas")
@@ -249,7 +253,7 @@ def config_from_args(args):
         top_p=None if args.top_p is None else parse_float("--top-p", args.top_p, 0.0, 1.0, low_open=True),
         device=args.device,
         threads=None if args.threads is None else parse_int("--threads", args.threads, 1),
-        background_load=parse_int("--background-load", args.background_load, 0))
+        background_load=parse_int("--background-load", args.background_load, 0), oracle=args.oracle)
     return config.check()
 
 

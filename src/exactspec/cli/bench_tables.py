@@ -15,6 +15,7 @@ RUN_COLUMNS = [  # (header, field, format)
     ("α", "alpha", "{:.3f}"), ("tok/round", "tokens_per_round", "{:.2f}"),
     ("ms/round", "ms_per_round", "{:.0f}"), ("mean γ", "mean_gamma", "{:.1f}"),
     ("rounds", "sources", "{}"), ("×AR", "speedup_vs_autoregressive", "{:.2f}"),
+    ("of ceiling", "share_of_ceiling", "{:.0%}"),
     ("×AR decode", "decode_speedup_vs_autoregressive", "{:.2f}"),
     ("×HF", "speedup_vs_hf_generate", "{:.2f}"), ("×llama.cpp", "speedup_vs_llamacpp", "{:.2f}"),
     ("pass@1", "pass_at_1", "{:.2f}"), ("valid", "valid", "{:.2f}"),
@@ -115,6 +116,24 @@ def print_constraint_cost(result: dict) -> None:
           f"({share['method']} {share['draft']}, T = {share['temperature']:g})")
 
 
+def print_ceiling(result: dict) -> None:
+    """The machine's ceiling (`bench.ceiling`), how the share column reads, and the oracle row."""
+    from exactspec.bench.ceiling import ORACLE, ORACLE_LABEL
+
+    ceiling = result.get("ceiling")
+    if not ceiling:
+        return
+    k = ceiling["k"]
+    print(f"ceiling: {ceiling['speedup']:.2f}× at k = {k} (T(1) {1e3 * ceiling['t_1_seconds']:.1f} "
+          f"ms, T({k}) {1e3 * ceiling['t_k_seconds']:.1f} ms): max over k of k·T(1)/T(k), the target's "
+          f"pass over k tokens on a {ceiling['context_tokens']}-token cache; "
+          f"'of ceiling' = ×AR / ceiling")
+    oracle = next((r for r in result["rows"] if r["draft"] == ORACLE), None)
+    if oracle is not None:
+        print(f"{ORACLE_LABEL}: its drafts are each prompt's plain greedy tokens, γ = "
+              f"{oracle['gamma']}; at T > 0 the sampled tokens leave them, so not all are kept")
+
+
 def _sweep_text(sweep: dict) -> str:
     interval = sweep["interval"]
     spread = (f", 90% interval {interval[0]:.2f}-{interval[1]:.2f}" if interval else "")
@@ -136,6 +155,7 @@ def print_result(result: dict) -> None:
           f"load average {machine.get('load_average_start')} -> {machine.get('load_average_end')}"
           + (f"; {config['background_load']} busy process(es) beside every row"
              if config.get("background_load") else ""))
+    print_ceiling(result)
     groups = list(dict.fromkeys((r["temperature"], r["prompts"]) for r in result["rows"]))
     for temperature, kind in groups:
         rows = [_display_row(r) for r in result["rows"]

@@ -9,11 +9,12 @@ from exactspec.drafters.auto import AutoDrafter
 from exactspec.drafters.base import Drafter, NoDraft, Proposal
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
+from exactspec.drafters.oracle import OracleDrafter
 from exactspec.drafters.tli import TLIDrafter
 from exactspec.models import INTERSECTION, load_model, pair_method, unwrap_model
 
-__all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "Proposal",
-           "TLIDrafter", "default_model_draft", "default_model_spec", "is_llamacpp_spec",
+__all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "OracleDrafter",
+           "Proposal", "TLIDrafter", "default_model_draft", "default_model_spec", "is_llamacpp_spec",
            "make_drafter", "model_drafter"]
 
 LLAMACPP = "llamacpp"
