@@ -157,7 +157,8 @@ def _order(specs: list, k: int) -> list:
 def _run(config, target, drafts, llama, timings, log, started, trace=None) -> dict:
     runner = Runner(target, drafts, config, llama, trace)
     machine = machine_info(runner.device)
-    prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start, history=p.history) for p in config.prompts]
+    prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start, history=p.history)
+                  for p in config.prompts]
     if config.oracle:  # before the timings: its references are plain greedy decoding, untimed
         references = reference_continuations(runner, prompt_ids, config, log)
     curve_max = max([CURVE_MIN_GAMMA, *fixed_gammas(config.gammas)])
