@@ -264,6 +264,7 @@ class BenchConfig:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["prompts"] = [{**{k: v for k, v in asdict(p).items() if k not in ("problem", "constraint")},
+                           "history": [list(turn) for turn in p.history],  # as JSON reads it back
                            **({"schema": p.constraint.schema()} if p.constraint else {})}
                           for p in self.prompts]
         return out
