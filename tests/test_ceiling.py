@@ -118,14 +118,12 @@ def oracle_result():
 def test_the_oracle_row_keeps_every_greedy_draft_per_category(oracle_result):
     rows = [r for r in oracle_result["rows"] if r["draft"] == ORACLE]
     assert {(r["temperature"], r["prompts"]) for r in rows} == {
-        (t, kind) for t in (0.0, 1.0) for kind in ("open", "grounded")}  # one per category
-    for row in rows:
+        (0.0, kind) for kind in ("open", "grounded")}  # one per category, at T = 0 only
+    for row in rows:  # the target's own greedy tokens: every draft is kept
         assert row["gamma"] == 8 and row["verify"] == "token"
-        assert set(row["rounds_by_source"]) <= {ORACLE, "plain"}  # plain: the budget's last token
-        if row["temperature"] == 0:  # the target's own greedy tokens: every draft is kept
-            assert set(row["rounds_by_source"]) == {ORACLE}
-            assert row["accepted_drafts"] == row["drafted_tokens"] > 0
-            assert row["corrections"] == 0 and row["matches_autoregressive"] is True
+        assert set(row["rounds_by_source"]) == {ORACLE}
+        assert row["accepted_drafts"] == row["drafted_tokens"] > 0
+        assert row["corrections"] == 0 and row["matches_autoregressive"] is True
     for row in oracle_result["rows"]:
         assert row["share_of_ceiling"] == pytest.approx(row["speedup_vs_autoregressive"] / 4.5)
     assert {c["draft"] for c in oracle_result["costmodel"]["curves"]} == {"ngram"}

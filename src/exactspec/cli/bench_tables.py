@@ -131,7 +131,7 @@ def print_ceiling(result: dict) -> None:
     oracle = next((r for r in result["rows"] if r["draft"] == ORACLE), None)
     if oracle is not None:
         print(f"{ORACLE_LABEL}: its drafts are each prompt's plain greedy tokens, γ = "
-              f"{oracle['gamma']}; at T > 0 the sampled tokens leave them, so not all are kept")
+              f"{oracle['gamma']}, at T = 0: every draft kept")
 
 
 def _sweep_text(sweep: dict) -> str:
