@@ -179,6 +179,22 @@ def round_ends(block: tuple, weight: float, tokens: torch.Tensor, q, p: torch.Te
                 yield weight * law[tau].item() * (nxt[y] / nxt.sum()).item(), block[:tau] + (y,)
 
 
+def first_tokens(generate, prompt: list[int], n: int = 1200, rows: int = 200, length: int = 2):
+    """Counts of the first `length` new tokens of n generations of `prompt`, and the drafts kept:
+    n // rows calls `generate(input_ids [rows, L], seed)`, seeds 0, 1, ... Each row of a batch is
+    an independent exact sample (the rule acts per row, its draws are the row's own), so a batch
+    of identical rows samples the joint law as separate calls would, at a fraction of the cost."""
+    if n % rows:
+        raise ValueError(f"n must be a multiple of rows, got n={n}, rows={rows}")
+    counts, accepted = {}, 0
+    for seed in range(n // rows):
+        out = generate(torch.tensor([prompt] * rows), seed)
+        for row in out.sequences[:, len(prompt): len(prompt) + length].tolist():
+            counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+        accepted += out.stats.accepted_drafts
+    return counts, accepted
+
+
 def chi_square_pvalue(counts, probs, min_expected=5.0):
     """Chi-square of observed counts against exact probabilities, as dicts keyed by outcome or as
     vectors indexed by token; cells expected below min_expected are pooled into one. An outcome
