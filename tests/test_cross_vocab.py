@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import exactspec as es
-from conftest import ALPHA, chi_square_pvalue, make_tiny_llama
+from conftest import ALPHA, chi_square_pvalue, first_tokens, make_tiny_llama
 from exactspec.drafters import TLIDrafter, make_drafter
 from exactspec.models import LoadedModel
 from exactspec.models.vocab_map import VocabMap, intersect
@@ -251,13 +251,8 @@ def test_generations_follow_the_target_law():
         second = sampling.probs(target.model(after).logits[:, -1].double())  # [V, V]
     joint = {(x, y): first[x].item() * second[x, y].item()
              for x, y in itertools.product(range(VT), repeat=2)}
-    counts, accepted = {}, 0
-    for seed in range(6):
-        out = es.speculative_generate(target, drafter, torch.tensor([PROMPT] * 200), gamma=2,
-                                      max_new_tokens=3, seed=seed, eos_token_id=[])
-        for row in out.sequences[:, len(PROMPT): len(PROMPT) + 2].tolist():
-            counts[tuple(row)] = counts.get(tuple(row), 0) + 1
-        accepted += out.stats.accepted_drafts
+    counts, accepted = first_tokens(lambda batch, seed: es.speculative_generate(
+        target, drafter, batch, gamma=2, max_new_tokens=3, seed=seed, eos_token_id=[]), PROMPT)
     assert accepted > 100  # drafts were really kept, so acceptance is exercised
     assert chi_square_pvalue(counts, joint) > ALPHA
 

@@ -379,9 +379,9 @@ def greedy_calls(srv, prompt: str, tool_choice, gamma, parallel: bool = True) ->
 def test_bundled_model_tool_calls():
     """SmolLM2 (its template has no tools: the preamble): greedy replies to two prompts, "required"
     and named, are valid calls, token for token the same with γ 0 and "auto" (γ 4: the
-    tiny model's tests); streamed, the same calls; "none" gives text. One call a reply: after a
-    call, greedy SmolLM2 starts another rather than end (it was not trained on tools), until
-    max_tokens."""
+    tiny model's tests); streamed, the same call; "none" gives text. One call a reply
+    (parallel_tool_calls false): after a call, greedy SmolLM2 would start another rather than end
+    (it was not trained on tools), until max_tokens."""
     srv = real_server("smollm2-135m-instruct")
     try:
         for i, (prompt, name) in enumerate(zip(PROMPTS[:2], SCHEMAS)):
@@ -390,8 +390,9 @@ def test_bundled_model_tool_calls():
             assert greedy_calls(srv, prompt, tool_choice, "auto", parallel=False) == plain, (prompt, tool_choice)
         messages = [{"role": "user", "content": PROMPTS[0]}]
         whole = srv.client.chat.completions.create(model="real", messages=messages, tools=TOOLS, temperature=0,
-                                                   max_tokens=160, tool_choice="required").choices[0]
-        streamed = ask_stream(srv, "required", messages, "real", parallel_tool_calls=True)
+                                                   max_tokens=160, tool_choice="required",
+                                                   parallel_tool_calls=False).choices[0]
+        streamed = ask_stream(srv, "required", messages, "real")
         assert streamed["calls"] == [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
         assert streamed["finish"] == whole.finish_reason
         text = srv.client.chat.completions.create(model="real", messages=messages, tools=TOOLS,
