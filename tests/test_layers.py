@@ -84,3 +84,24 @@ def test_imports_point_down_the_layers():
               for p in paths for m in sorted(imports_of(p, modules) - {"exactspec"})
               if layer_of(m) > layer_of(module_name(p))]
     assert not upward, upward
+
+
+# The engine and the policy call the drafter, target and sampling protocols' members, which the
+# base classes define: they never ask an object whether it has one.
+PROTOCOL_USERS = ("rows", "batching", "driver", "engine", "policy", "controller",
+                  "batch_controller", "acceptance", "pricing")
+
+
+def probes(path: Path) -> list[str]:
+    """`hasattr(...)` calls and `getattr(obj, name, default)` calls in a module, with their lines."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
+                node.func.id == "hasattr" or (node.func.id == "getattr" and len(node.args) == 3)):
+            found.append(f"{path.name}:{node.lineno} {node.func.id}")
+    return found
+
+
+def test_the_engine_and_the_policy_do_not_probe_objects():
+    found = [hit for name in PROTOCOL_USERS for hit in probes(ROOT / f"{name}.py")]
+    assert not found, found

@@ -231,7 +231,7 @@ class Decoder(ContinuousBatching):
         pass the drafts before each position. Rows with a constraint then get their grammar's
         masks first (`constraints.Masked`)."""
         sampling = self.sampling
-        if getattr(sampling, "needs_prefix", False):
+        if sampling.needs_prefix:
             active = self.rows.active.tolist()
             new = [self.ids.new_tensor(self.rows.new[row]) for row in active]
             prompts = [self.prompts[row] for row in active]  # (prompt row, mask)
