@@ -208,12 +208,14 @@ def test_llama_peer_configurations():
     rows = [(s.method, s.draft, s.gamma) for s in plan(config) if s.method.startswith("llama")]
     assert rows == [("llamacpp", None, None), ("llama_server", None, None),
                     ("llama_server", draft, 3), ("llama_server", draft, 8), ("llama_server", draft, 16),
-                    ("llama_server", "ngram-mod", None), ("llama_server", f"{draft}+ngram-mod", 16)]
+                    ("llama_server", "ngram-mod", None), ("llama_server", "ngram-simple", None),
+                    ("llama_server", "ngram-cache", None), ("llama_server", f"{draft}+ngram-mod", 16)]
     assert server_arguments(None, None, None) == []
     assert server_arguments(draft, 8, "d.gguf") == ["--spec-type", "draft-simple", "-md", "d.gguf",
                                                     "--spec-draft-n-max", "8"]
     assert server_arguments(f"{draft}+ngram-mod", 16, "d.gguf")[:2] == ["--spec-type", "draft-simple,ngram-mod"]
     assert server_arguments("ngram-mod", None, None) == ["--spec-type", "ngram-mod"]
+    assert server_arguments("ngram-cache", None, None) == ["--spec-type", "ngram-cache"]
     fields = sampling_fields(0.8, None, None)
     assert fields["temperature"] == 0.8 and fields["top_k"] == 0 and fields["top_p"] == 1.0
     assert fields["min_p"] == 0.0 and fields["repeat_penalty"] == 1.0
@@ -258,7 +260,7 @@ def test_a_server_that_remembers_requests_is_fresh_for_each(tmp_path):
         peers.close()
     assert plain == [[], [40]]
     assert ngram == [[8], [8]]  # only its warm-up, under ngram-mod's 24-token match
-    assert remembers("ngram-mod") and remembers("llamacpp:d+ngram-mod")
+    assert remembers("ngram-mod") and remembers("llamacpp:d+ngram-mod") and remembers("ngram-cache")
     assert not remembers(None) and not remembers("llamacpp:d")
 
 

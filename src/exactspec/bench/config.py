@@ -39,7 +39,8 @@ from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET
 
 METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted", "llamacpp", "llama_server")
 LLAMA_METHODS = ("llamacpp", "llama_server")
-NGRAM_MOD = "ngram-mod"  # llama-server's own n-gram drafts
+NGRAM_MOD = "ngram-mod"  # llama-server's own n-gram drafts (bench.llama_peers.NGRAM_TYPES)
+LLAMA_NGRAM_TYPES = (NGRAM_MOD, "ngram-simple", "ngram-cache")
 VERIFY_ORDER = ("block", "token", "coupled")  # the verification rules, in the order rows list them
 DEFAULT_VERIFY = ("block", "token")
 NGRAM = "ngram"
@@ -333,12 +334,13 @@ LLAMA_SERVER_GAMMAS = (3, 8, 16)  # --spec-draft-n-max of the draft-simple rows
 def llama_specs(config: BenchConfig, temperature: float) -> list[RunSpec]:
     """llama.cpp's rows: plain (llama-cpp-python, and its server), and the server speculating
     with the first llama.cpp model draft benchmarked at n-max `LLAMA_SERVER_GAMMAS`, with its
-    n-gram drafts ("ngram-mod"), and with both (n-max 16)."""
+    n-gram drafts ("ngram-mod", "ngram-simple", "ngram-cache"), and with the model draft and
+    ngram-mod both (n-max 16)."""
     specs = [RunSpec("llamacpp", temperature), RunSpec("llama_server", temperature)]
     model = next((d for d in config.drafts if is_llamacpp_spec(d) and ":" in d), None)
     if model is not None:
         specs += [RunSpec("llama_server", temperature, model, n) for n in LLAMA_SERVER_GAMMAS]
-    specs.append(RunSpec("llama_server", temperature, NGRAM_MOD))
+    specs += [RunSpec("llama_server", temperature, kind) for kind in LLAMA_NGRAM_TYPES]
     if model is not None:
         specs.append(RunSpec("llama_server", temperature, f"{model}+{NGRAM_MOD}", 16))
     return specs

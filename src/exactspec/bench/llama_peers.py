@@ -21,7 +21,8 @@ prompt shorter than ngram-mod's match length (which adds nothing to the table) w
 
 A server configuration is a `RunSpec` with method "llama_server": draft None (plain), a
 llama.cpp draft spec ("llamacpp:NAME_OR_PATH", ``--spec-type draft-simple`` with
-``--spec-draft-n-max γ``), "ngram-mod" (``--spec-type ngram-mod``, llama.cpp's own lengths), or
+``--spec-draft-n-max γ``), an n-gram type ("ngram-mod", "ngram-simple", "ngram-cache":
+``--spec-type TYPE``, llama.cpp's own lengths), or
 "llamacpp:...+ngram-mod" (both types). Sampling is plain temperature sampling in every peer
 (top-k 0, top-p 1, min-p 0, no penalties) unless the bench sets top-k / top-p; threads are the
 bench's torch threads, for the target and the draft alike.
@@ -41,11 +42,14 @@ from pathlib import Path
 from exactspec.processes import LoggedProcess
 
 NGRAM_MOD = "ngram-mod"
+NGRAM_TYPES = (NGRAM_MOD, "ngram-simple", "ngram-cache")  # llama-server's own n-gram drafts
 SERVER_ENV = "EXACTSPEC_LLAMA_SERVER"
 SERVER_HINT = ("llama.cpp's llama-server is not built: run `make peers` (about 10 min on 2 cores), "
                f"or set {SERVER_ENV} to its path; the bench runs the other methods without it")
 SERVER_CONTEXT = 4096
-MEMORY_TYPES = (NGRAM_MOD,)  # speculation types whose state outlives a request (module docstring)
+# speculation types whose state may outlive a request (module docstring; ngram-cache keeps a
+# dynamic cache, ngram-simple is given the same fresh server so that every n-gram row is alike)
+MEMORY_TYPES = NGRAM_TYPES
 WARM_PROMPT_TOKENS = 8  # a fresh server's warm-up prompt: under ngram-mod's match length (24)
 _START_TIMEOUT = 600.0  # seconds for a server to load its models
 
@@ -72,8 +76,8 @@ def server_arguments(draft: str | None, gamma: int | None, draft_gguf: Path | No
         return []
     types, args = [], []
     for part in draft.split("+"):
-        if part == NGRAM_MOD:
-            types.append(NGRAM_MOD)
+        if part in NGRAM_TYPES:
+            types.append(part)
         else:
             types.append("draft-simple")
             args += ["-md", str(draft_gguf), "--spec-draft-n-max", str(gamma)]
