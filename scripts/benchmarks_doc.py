@@ -69,6 +69,8 @@ RUN_COLUMNS = [
      "speedup_vs_hf_generate"),
     ("× llama.cpp", lambda r: number(r.get("speedup_vs_llamacpp"), "{:.2f}"),
      "speedup_vs_llamacpp"),
+    ("of ceiling", lambda r: number(r.get("share_of_ceiling") and 100 * r["share_of_ceiling"],
+                                    "{:.0f} %"), "share_of_ceiling"),
     ("acc. rate", lambda r: number(r.get("acceptance_rate"), "{:.3f}"), None),
     ("tok/round", lambda r: number(r.get("tokens_per_round"), "{:.2f}"), None),
     ("mean γ", lambda r: number(r.get("mean_gamma"), "{:.1f}"), None),
@@ -199,6 +201,13 @@ def run_line(result: dict) -> str:
     return "; ".join(parts) if parts else "not recorded in the JSON"
 
 
+def ceiling_line(ceiling: dict) -> str:
+    k = ceiling["k"]
+    return (f"Ceiling: {ceiling['speedup']:.2f}× at k = {k} (T(1) {1e3 * ceiling['t_1_seconds']:.1f} ms, "
+            f"T({k}) {1e3 * ceiling['t_k_seconds']:.1f} ms): max over k of k·T(1)/T(k), what a draft "
+            f"that is always right and free would reach; \"of ceiling\" is × plain / ceiling")
+
+
 def section(path: Path, result: dict, date: str | None, command: str | None) -> list[str]:
     """One file's section: its heading, what it ran on, and its table."""
     date = date or result.get("date")
@@ -214,6 +223,8 @@ def section(path: Path, result: dict, date: str | None, command: str | None) -> 
         lines.append("- Command: not recorded in the JSON (give it with --command); flags that "
                      f"reproduce its settings: `{settings_flags(config)}`")
     lines.append(f"- Run: {run_line(result)}")
+    if result.get("ceiling"):
+        lines.append(f"- {ceiling_line(result['ceiling'])}")
     lines.append("")
     if "batch" in result:
         lines += table(result["batch"], BATCH_COLUMNS)

@@ -81,10 +81,12 @@ def test_one_table_line_per_row_with_its_fields(result_file):
         assert got["× plain"] == cell(row["speedup_vs_autoregressive"], "{:.2f}")
         assert got["acc. rate"] == cell(row["acceptance_rate"], "{:.3f}")
         assert got["tok/round"] == cell(row["tokens_per_round"], "{:.2f}")
+        assert got["of ceiling"] == f"{100 * row['share_of_ceiling']:.0f} %"
         if row["temperature"] == 0:  # greedy rows say whether they are plain decoding's tokens
             assert got["=plain"] == "yes"
     assert "pass@1" not in columns and "× llama.cpp" not in columns  # no such rows here
     assert "- Date: 2026-12-06" in done.stdout
+    assert "- Ceiling: 4.50× at k = 9 (T(1) 40.0 ms, T(9) 80.0 ms)" in done.stdout  # TIMINGS
     assert "- Command: `exactspec bench --no-peers`" in done.stdout
     assert result["machine"]["cpu_model"] in done.stdout
 
