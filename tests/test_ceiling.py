@@ -293,6 +293,23 @@ def test_greedy_oracle_is_plain_decoding_on_the_bundled_model(bundled_pair):
     assert out.sequences[0].tolist() == plain
 
 
+def test_a_row_that_left_its_reference_stops_drafting():
+    """A reference whose third token is not the target's greedy one: the first round keeps both
+    drafts and emits the target's third token; the row has left its reference, so it drafts no
+    more (plain steps), and the text is still plain greedy decoding's."""
+    from conftest import make_tiny_llama
+
+    target = make_tiny_llama(seed=3, vocab_size=V)
+    ids, settings = torch.tensor([PROMPT]), dict(max_new_tokens=8, temperature=0.0, eos_token_id=[])
+    plain = autoregressive_generate(target, ids, **settings).sequences[0].tolist()
+    greedy = plain[len(PROMPT):]
+    reference = greedy[:2] + [(greedy[2] + 1) % V] + greedy[3:]
+    out = speculative_generate(target, OracleDrafter({tuple(PROMPT): reference}), ids, gamma=2,
+                               **settings)
+    assert out.sequences[0].tolist() == plain
+    assert out.stats.drafted_tokens == out.stats.accepted_drafts == 2
+
+
 def test_a_prompt_without_a_reference_is_refused():
     drafter = OracleDrafter({(1, 2): [3]})
     ids = torch.tensor([[1, 2, 4]])

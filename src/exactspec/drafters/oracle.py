@@ -21,9 +21,12 @@ ORACLE = "oracle"
 class OracleDrafter(Drafter):
     """Proposes, for a row whose prompt is a key of `references` (prompt token ids → the tokens
     that follow it), the reference's tokens from the row's own position on: after n tokens
-    committed, reference[n : n + γ], whatever those n tokens were. A row past its reference's end
-    proposes nothing; a shorter row is padded by repeating its last proposal (or last token), as
-    `NGramDrafter` does: any deterministic proposal is exact."""
+    committed, reference[n : n + γ], while those n tokens are the reference's first n. A row whose
+    committed tokens have left its reference (a sampled token, or a near-tie that a pass of
+    another size breaks the other way), or that is past its end, proposes nothing: drafts aligned
+    to a text the row no longer follows would all be rejected, each costing a pass. A shorter row
+    is padded by repeating its last proposal (or last token), as `NGramDrafter` does: any
+    deterministic proposal is exact."""
 
     name = ORACLE
     calls = tokens_fed = padding_fed = 0
@@ -56,7 +59,7 @@ class OracleDrafter(Drafter):
 
     def propose(self, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        found = [reference[len(done) - 1: len(done) - 1 + gamma] for reference, done in self.rows]
+        found = [_ahead(reference, done[1:], gamma) for reference, done in self.rows]
         width = max(len(f) for f in found)
         padded = [f + [(f or done)[-1]] * (width - len(f)) for f, (_, done) in zip(found, self.rows)]
         tokens = torch.tensor(padded, dtype=torch.long).view(len(padded), width)  # [B, γ']
@@ -70,3 +73,9 @@ class OracleDrafter(Drafter):
 
     def select(self, rows: torch.Tensor) -> None:
         self.rows = [self.rows[i] for i in rows.tolist()]
+
+
+def _ahead(reference: list[int], committed: list[int], gamma: int) -> list[int]:
+    """The reference's next γ tokens after `committed`, if it is the reference's beginning."""
+    n = len(committed)
+    return reference[n: n + gamma] if reference[:n] == committed else []
