@@ -50,14 +50,19 @@ def parse_workload(text: str, name: str = "--workload") -> tuple[str, int]:
         raise ValueError(f"{name} must be humaneval or humaneval:N, got {text!r}")
     if not sep:
         return kind, DEFAULT_PROBLEMS
+    return kind, count_in_range(count, text, name, HUMANEVAL_SIZE, "problems")
+
+
+def count_in_range(count: str, text: str, name: str, largest: int, what: str) -> int:
+    """The N of a workload "KIND:N": an integer in [1, largest], else an error naming it."""
     try:
         n = int(count)
     except ValueError:
         n = 0
-    if not 1 <= n <= HUMANEVAL_SIZE:
-        raise ValueError(f"{name}: the number of problems must be an integer in "
-                         f"[1, {HUMANEVAL_SIZE}], got {count!r} in {text!r}")
-    return kind, n
+    if not 1 <= n <= largest:
+        raise ValueError(f"{name}: the number of {what} must be an integer in "
+                         f"[1, {largest}], got {count!r} in {text!r}")
+    return n
 
 
 def read_problems(n: int) -> list[dict]:

@@ -35,6 +35,8 @@ import tarfile
 from pathlib import Path
 from typing import Callable
 
+from exactspec.bench.humaneval import count_in_range
+
 WORKLOAD = "mix"
 DEFAULT_PER_CATEGORY = 3
 MAX_PER_CATEGORY = 10  # the json workload has 10 tasks; every other category has more
@@ -56,14 +58,7 @@ def parse_count(text: str, name: str = "--workload") -> int:
     _, sep, count = str(text).strip().lower().partition(":")
     if not sep:
         return DEFAULT_PER_CATEGORY
-    try:
-        n = int(count)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= MAX_PER_CATEGORY:
-        raise ValueError(f"{name}: the number of prompts per category must be an integer in "
-                         f"[1, {MAX_PER_CATEGORY}], got {count!r} in {text!r}")
-    return n
+    return count_in_range(count, text, name, MAX_PER_CATEGORY, "prompts per category")
 
 
 # --------------------------------------------------------------------------- data files
