@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from exactspec.bench.llama_peers import NGRAM_TYPES as LLAMA_NGRAM_TYPES
 from exactspec.controller import AUTO, MAX_GAMMA
 from exactspec.drafters import is_llamacpp_spec
 from exactspec.models import BUNDLED_MODEL, parse_model_spec
@@ -40,7 +41,6 @@ from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET
 METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted", "llamacpp", "llama_server")
 LLAMA_METHODS = ("llamacpp", "llama_server")
 NGRAM_MOD = "ngram-mod"  # llama-server's own n-gram drafts (bench.llama_peers.NGRAM_TYPES)
-LLAMA_NGRAM_TYPES = (NGRAM_MOD, "ngram-simple", "ngram-cache")
 VERIFY_ORDER = ("block", "token", "coupled")  # the verification rules, in the order rows list them
 DEFAULT_VERIFY = ("block", "token")
 NGRAM = "ngram"

@@ -4,8 +4,8 @@ tokens), proposed position by position at no model cost.
 It shows what speculation can give at best through the real engine: at temperature 0, with the
 target's greedy continuation as reference, every draft is kept, so each round emits γ + 1 tokens
 for one target pass over γ + 1 tokens. It is a point-mass draft (q = None), exact by the
-point-mass rule for any reference: at T > 0 it still proposes the reference (the drafts the
-target's own sampled tokens diverge from are rejected), and what it emits follows p.
+point-mass rule for any reference. A row whose text leaves the reference (a sampled token, a
+near-tie broken the other way) drafts no more, so what it emits follows p with plain steps.
 """
 from __future__ import annotations
 
