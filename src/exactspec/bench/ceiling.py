@@ -67,7 +67,3 @@ def add_shares(rows: list[dict], ceiling: dict | None) -> None:
         speedup = row.get("speedup_vs_autoregressive")
         row["share_of_ceiling"] = (speedup / ceiling["speedup"]
                                    if speedup is not None and ceiling else None)
-
-
-def is_oracle(row: dict) -> bool:
-    return row.get("draft") == ORACLE

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+from exactspec.bench.humaneval import count_in_range
+
 WORKLOAD = "json"
 # A reply's default budget (`exactspec bench --workload json`; it ends at its JSON's end): room
 # enough that a reply is cut off, and so not JSON, only where a sampled number never ends (the
@@ -105,14 +107,7 @@ def parse_count(text: str, name: str = "--workload") -> int:
     _, sep, count = str(text).strip().lower().partition(":")
     if not sep:
         return len(TASKS)
-    try:
-        n = int(count)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= len(TASKS):
-        raise ValueError(f"{name}: the number of json tasks must be an integer in "
-                         f"[1, {len(TASKS)}], got {count!r} in {text!r}")
-    return n
+    return count_in_range(count, text, name, len(TASKS), "json tasks")
 
 
 def workload_prompts(text: str) -> list:
