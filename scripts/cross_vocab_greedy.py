@@ -1,8 +1,10 @@
 """Issue 49's greedy identity: the real pair's 1.5B (PyTorch or llama.cpp) drafted by the bundled
-SmolLM2-135M through the token-level intersection, against plain decoding, on HumanEval prompts;
-prints each prompt's identity, acceptance and tokens per round, and the speed ratio.
+SmolLM2-135M through the token-level intersection (its GGUF through llama.cpp, or its weights in
+PyTorch), against plain decoding, on HumanEval prompts; prints each prompt's identity,
+acceptance and tokens per round, and the speed ratio.
 
     python scripts/cross_vocab_greedy.py --backend llamacpp --prompts 10 --tokens 64
+    python scripts/cross_vocab_greedy.py --draft smollm2-135m-instruct   # the draft in PyTorch
 """
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--gamma", default="4")
+    parser.add_argument("--draft", default="llamacpp:smollm2-135m-instruct")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
     target = load_model(PAIR_TARGET, backend=args.backend)
-    draft = es.drafters.make_drafter("smollm2-135m-instruct", target=target)
+    draft = es.drafters.make_drafter(args.draft, target=target)
     gamma = int(args.gamma) if args.gamma.isdigit() else args.gamma
     rows, same = [], 0
     for prompt in workload_prompts(f"humaneval:{args.prompts}"):

@@ -119,22 +119,32 @@ def make_grammar_tokenizer():
 
 
 def write_tiny_gguf(path, gguf_path, *, seed: int = 0, layers: int = 2, width: int = 64,
-                    heads: int = 4, kv_heads: int = 2, ffn: int = 128, logit_scale: float = 5.0):
+                    heads: int = 4, kv_heads: int = 2, ffn: int = 128, logit_scale: float = 5.0,
+                    order=None):
     """A llama-architecture GGUF with `gguf_path`'s tokenizer (its `tokenizer.*` fields copied)
     and random float32 weights of the given sizes: a llama.cpp model that costs a few percent of
     the original's passes. `logit_scale` (the embeddings' norm; the output layer is tied) makes its
-    next-token laws peaked (5: about 4 tokens hold 0.8 of the mass), so a chi-square has cells."""
+    next-token laws peaked (5: about 4 tokens hold 0.8 of the mass), so a chi-square has cells.
+    `order`: the same model under renumbered tokens, id i now the source's token order[i] (token
+    lists and embedding rows permuted, special ids renumbered): a vocabulary that differs from
+    the source's id for id and equals it text for text."""
     import gguf
     import numpy as np
 
     reader = gguf.GGUFReader(gguf_path)
     writer = gguf.GGUFWriter(str(path), "llama")
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    order = np.arange(vocab) if order is None else np.asarray(order)
+    new_id = np.argsort(order)  # [V], the source's id → its id here
     for key, field in reader.fields.items():
         if key.startswith("tokenizer."):
             array = field.types[0] == gguf.GGUFValueType.ARRAY
-            writer.add_key_value(key, field.contents(), field.types[0],
-                                 sub_type=field.types[-1] if array else None)
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+            value = field.contents()
+            if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+                value = [value[i] for i in order]
+            elif key.endswith("_token_id"):
+                value = int(new_id[value])
+            writer.add_key_value(key, value, field.types[0], sub_type=field.types[-1] if array else None)
     writer.add_context_length(4096)
     writer.add_embedding_length(width)
     writer.add_block_count(layers)
@@ -150,7 +160,7 @@ def write_tiny_gguf(path, gguf_path, *, seed: int = 0, layers: int = 2, width: i
         return (rng.standard_normal((rows, columns)) * scale / np.sqrt(columns)).astype(np.float32)
 
     kv = kv_heads * (width // heads)
-    writer.add_tensor("token_embd.weight", weights(vocab, width, logit_scale))
+    writer.add_tensor("token_embd.weight", weights(vocab, width, logit_scale)[order])
     writer.add_tensor("output_norm.weight", np.ones(width, np.float32))
     for i in range(layers):
         for name, shape in (("attn_q", (width, width)), ("attn_k", (kv, width)), ("attn_v", (kv, width)),

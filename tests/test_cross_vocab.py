@@ -317,3 +317,40 @@ def test_the_cli_drafts_with_a_cross_vocabulary_pair(tmp_path, capsys):
     assert code == 0, err
     assert "token-level intersection: 8 of the target's 14 tokens can be drafted" in err
     assert '"drafted_tokens"' in out
+
+
+def test_the_bench_runs_transformers_generators_for_another_vocabulary():
+    """Transformers' rows with such a pair pass both tokenizers: greedy runs its
+    AssistedCandidateGeneratorDifferentTokenizers, sampling its UniversalSpeculativeDecodingGenerator,
+    which prunes its assistant's output layer in place, so the bench gives it a copy and the
+    draft exactspec's rows use stays whole."""
+    from exactspec.bench.config import BenchConfig, BenchPrompt
+    from exactspec.bench.run import run_benchmark
+
+    target, _ = loaded_pair()
+    # Transformers tells tokenizers apart by the models' vocabulary sizes: the draft's is padded
+    draft = LoadedModel(make_tiny_llama(1, vocab_size=VD + 2, num_layers=1), D_TOK, "tiny-metaspace",
+                        torch.float32, CPU)
+    head = draft.model.get_output_embeddings().weight.clone()
+    timings = {"context_tokens": 8, "target": [{"tokens": n, "seconds": 0.04 + 0.005 * n} for n in range(1, 10)],
+               "drafts": {"draft": {"seconds_per_token": 0.01, "measured_as": "fake"}}}
+    config = BenchConfig(target="target", drafts=["draft"], gammas=[2], temperatures=[0.0, 1.0],
+                         prompts=[BenchPrompt("a", "open", PROMPT_TEXT)], max_new_tokens=6, repeats=1,
+                         warmup=1, peers=True, llama_peers=False)
+    rows = run_benchmark(config, models={"target": target, "draft": draft}, timings=timings, log=None)["rows"]
+    assisted = {(row["temperature"], row["gamma"]): row for row in rows if row["method"] == "hf_assisted"}
+    assert assisted[(0.0, 2)]["peer_settings"]["generator"] == "AssistedCandidateGeneratorDifferentTokenizers"
+    assert assisted[(1.0, 2)]["peer_settings"]["generator"] == "UniversalSpeculativeDecodingGenerator"
+    assert assisted[(0.0, 2)]["matches_autoregressive"]
+    assert torch.equal(draft.model.get_output_embeddings().weight, head)
+
+
+def test_each_server_batch_gets_its_own_draft():
+    """A server makes a fresh drafter per batch by copying one (`serve.drafts`): a TLI draft's
+    copy holds a draft model of its own, not the first one's cache."""
+    from exactspec.serve.drafts import drafter_factory
+
+    target, draft = loaded_pair()
+    make = drafter_factory(draft, target)
+    one, two = make(), make()
+    assert isinstance(one, TLIDrafter) and one.inner is not two.inner

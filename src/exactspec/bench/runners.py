@@ -20,7 +20,7 @@ import torch
 from exactspec.bench.config import LLAMA_METHODS, NGRAM, BenchConfig, RunSpec
 from exactspec.bench.results import RunResult
 from exactspec.engine import autoregressive_generate, speculative_generate, synchronize
-from exactspec.models import input_device
+from exactspec.models import INTERSECTION, input_device, pair_method
 from exactspec.models.huggingface import quiet_transformers
 
 
@@ -71,6 +71,7 @@ class Runner:
         self.trace = trace  # each exactspec round's trace line, with its configuration and seed
         self.device = torch.device(getattr(target, "device", None) or input_device(target.model))
         self.pad_token_id = self._pad_token_id()
+        self.copies = {}  # (draft spec, sampled) → the assistant model of another vocabulary's rows
 
     def _pad_token_id(self) -> int:
         tokenizer, gen = self.target.tokenizer, getattr(self.target.model, "generation_config", None)
@@ -155,8 +156,29 @@ class Runner:
                     else defaults.get(key)
                     for key in ("num_assistant_tokens", "num_assistant_tokens_schedule",
                                 "assistant_confidence_threshold")}
-        return {"num_assistant_tokens": spec.gamma, "num_assistant_tokens_schedule": "constant",
-                "assistant_confidence_threshold": 0.0}
+        settings = {"num_assistant_tokens": spec.gamma, "num_assistant_tokens_schedule": "constant",
+                    "assistant_confidence_threshold": 0.0}
+        if self._other_vocabulary(spec):
+            settings["generator"] = ("UniversalSpeculativeDecodingGenerator" if spec.temperature > 0
+                                     else "AssistedCandidateGeneratorDifferentTokenizers")
+        return settings
+
+    def _other_vocabulary(self, spec: RunSpec) -> bool:
+        """Whether an hf_assisted row's draft has another vocabulary than the target: Transformers
+        then takes both tokenizers and picks its generator by do_sample."""
+        return pair_method(self.target, self.drafts[spec.draft]) == INTERSECTION
+
+    def _assistant_model(self, spec: RunSpec):
+        """The draft's model, or for a draft of another vocabulary a copy kept per draft and
+        generator: Transformers' sampled generator prunes its assistant's output layer in place,
+        and the greedy one and exactspec's rows need it whole."""
+        model = self.drafts[spec.draft].model
+        if not self._other_vocabulary(spec):
+            return model
+        key = (spec.draft, spec.temperature > 0)
+        if key not in self.copies:
+            self.copies[key] = copy.deepcopy(model)
+        return self.copies[key]
 
     @contextlib.contextmanager
     def _assistant(self, spec: RunSpec):
@@ -165,7 +187,7 @@ class Runner:
         if spec.method != "hf_assisted" or spec.draft == NGRAM:
             yield None
             return
-        model = self.drafts[spec.draft].model
+        model = self._assistant_model(spec)
         saved = model.generation_config
         model.generation_config = copy.deepcopy(saved)
         if spec.gamma != "default":
@@ -187,6 +209,9 @@ class Runner:
         with self._assistant(spec) as assistant, quiet_transformers(warnings=True), \
                 _seeded_global_rng(seed, self.device):
             kwargs = {"assistant_model": assistant} if assistant is not None else {}
+            if assistant is not None and self._other_vocabulary(spec):
+                kwargs.update(tokenizer=self.target.tokenizer,
+                              assistant_tokenizer=self.drafts[spec.draft].tokenizer)
             synchronize(self.device)
             start = time.perf_counter()
             streamer = _FirstTokenStreamer(start, self.device)

@@ -267,21 +267,23 @@ def _draft(spec: str, target, dtype: str | None = None):
 
 def _model_draft(spec: str, target, dtype: str | None):
     """A llama.cpp drafter for "llamacpp[:PATH]", else the draft model loaded from the spec."""
-    from exactspec.drafters import is_llamacpp_spec, make_drafter
+    from exactspec.drafters import TLIDrafter, is_llamacpp_spec, make_drafter
 
     if not is_llamacpp_spec(spec):
         loaded = _load(spec, dtype, "--draft")
-        _log_pairing(target, loaded)
+        _log_pairing(target, loaded, loaded.spec)
         return loaded
     try:
         drafter = make_drafter(spec, target=target)
     except (ValueError, ImportError) as err:
         raise CliError(f"--draft: {err}") from None
     drafter.spec = drafter.name
+    if isinstance(drafter, TLIDrafter):
+        _log_pairing(target, (drafter.inner, drafter.inner.tokenizer), drafter.inner.name)
     return drafter
 
 
-def _log_pairing(target, draft) -> None:
+def _log_pairing(target, draft, name: str) -> None:
     """Say when a model draft drafts through the token-level intersection (a pair it cannot
     serve is refused by the generation, with the reason)."""
     from exactspec.models import SHARED, describe_pair
@@ -291,7 +293,7 @@ def _log_pairing(target, draft) -> None:
     except ValueError:
         return
     if method != SHARED:
-        _log(f"draft {draft.spec} has another vocabulary than {target.spec}: {method}")
+        _log(f"draft {name} has another vocabulary than {target.spec}: {method}")
 
 
 def _draft_name(draft) -> str:

@@ -11,7 +11,7 @@ from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.oracle import OracleDrafter
 from exactspec.drafters.tli import TLIDrafter
-from exactspec.models import INTERSECTION, load_model, pair_method, unwrap_model
+from exactspec.models import INTERSECTION, load_model, pair_method, token_list_method, unwrap_model
 
 __all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "OracleDrafter",
            "Proposal", "TLIDrafter", "default_model_draft", "default_model_spec", "is_llamacpp_spec",
@@ -110,17 +110,27 @@ def llamacpp_available() -> bool:
 
 def _llamacpp_drafter(where: str, target) -> Drafter:
     """"llamacpp:" + a GGUF path, a packaged model's name (the bundled model, the real pair), or
-    nothing (the target's own file)."""
-    from exactspec.drafters.llamacpp import LlamaCppDrafter, gguf_file
+    nothing (the target's own file); through the token-level intersection when the GGUF's
+    vocabulary differs from `target`'s (`token_list_method`)."""
+    from exactspec.drafters.llamacpp import LlamaCppDrafter
+
+    drafter = LlamaCppDrafter(_gguf_of(where, target))
+    if target is not None and token_list_method(target, drafter.tokens()) == INTERSECTION:
+        return TLIDrafter(drafter)
+    return drafter
+
+
+def _gguf_of(where: str, target):
+    from exactspec.drafters.llamacpp import gguf_file
     from exactspec.models.loading import named_gguf
 
     packaged = named_gguf(where)
     if packaged is not None:
-        return LlamaCppDrafter(packaged)
+        return packaged
     if where.strip():
-        return LlamaCppDrafter(where.strip())
+        return where.strip()
     path = gguf_file(target) if target is not None else None
     if path is None:
         raise ValueError("draft 'llamacpp' runs the target's own GGUF file, and this target was not "
                          "loaded from one: name the file, --draft llamacpp:PATH")
-    return LlamaCppDrafter(path)
+    return path

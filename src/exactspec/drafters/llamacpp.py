@@ -8,6 +8,7 @@ logits through the same temperature/top-k/top-p as p, and each draft is drawn fr
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -71,15 +72,29 @@ class LlamaCppDrafter(Drafter):
         """The GGUF's token list: token id i is tokens()[i]."""
         return token_list(str(self.path.resolve()))
 
+    @functools.cached_property
+    def tokenizer(self):
+        """The tokenizer written in the GGUF (converted by transformers), for a `TLIDrafter`."""
+        from exactspec.models.conversion import gguf_tokenizer
+
+        return gguf_tokenizer(self.path)
+
     def bind(self, target, total_tokens: int) -> int:
         """The shared vocabulary: the GGUF's token list must be the target tokenizer's (the
         vocabulary rule), and prompt + budget must fit the GGUF's training context."""
         from exactspec.models.vocab import check_token_list
 
-        model, _, _ = unwrap_model(target, "target")
-        self.device = input_device(model)  # drafts and q go where the target's p is
-        check_length(self.gguf.llama.n_ctx_train(), self.name, total_tokens)
+        self.bind_own(target, total_tokens)
         return check_token_list(target, self.tokens(), f"draft {self.name!r}")
+
+    def bind_own(self, target, total_tokens: int) -> int:
+        """`bind` less the vocabulary rule (a `TLIDrafter` maps vocabularies instead): drafts and
+        q go where the target's p is, and prompt + budget must fit the GGUF's training context.
+        Returns the width of its logits."""
+        model, _, _ = unwrap_model(target, "target")
+        self.device = input_device(model)
+        check_length(self.gguf.llama.n_ctx_train(), self.name, total_tokens)
+        return self.gguf.llama.n_vocab()
 
     def start(self, input_ids: torch.Tensor, valid: torch.Tensor, vocab_size: int) -> None:
         if self.rows is None or self.rows.vocab_size != vocab_size:
@@ -126,24 +141,29 @@ class LlamaCppDrafter(Drafter):
         self.drafts = drafts  # [B, γ]
         return Proposal(drafts.to(self.device), torch.stack(qs, dim=1))  # [B, γ], [B, γ, V]
 
-    def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
+    def commit(self, num_accepted: torch.Tensor, next_tokens: torch.Tensor,
+               next_valid: torch.Tensor | None = None) -> None:
         """Row b kept its first a = num_accepted[b] drafts: of the γ − 1 fed ones, those past a
-        leave its sequence; the last draft (if kept) and the next token become pending."""
-        gamma = self.drafts.size(1)
+        leave its sequence; the last draft (if kept) and the next token become pending.
+        next_tokens [B]; or [B, k] with next_valid [B, k], for a draft that spells a committed
+        token with several of its own (`TLIDrafter`)."""
+        gamma, following = self.drafts.size(1), _rows(next_tokens, next_valid)
         if gamma == 0:
-            self.observe(self.drafts, num_accepted, next_tokens)
+            self.observe(self.drafts, num_accepted, next_tokens, next_valid)
             return
-        for b, (kept, token) in enumerate(zip(num_accepted.tolist(), next_tokens.tolist())):
+        for b, (kept, tokens) in enumerate(zip(num_accepted.tolist(), following)):
             rejected = gamma - 1 - min(kept, gamma - 1)  # fed drafts after the kept ones
             self.rows.truncate(b, len(self.rows.fed[b]) - rejected)
-            self.pending[b] = ([int(self.drafts[b, -1])] if kept == gamma else []) + [token]
+            self.pending[b] = ([int(self.drafts[b, -1])] if kept == gamma else []) + tokens
 
     def observe(self, drafts: torch.Tensor, num_accepted: torch.Tensor,
-                next_tokens: torch.Tensor) -> None:
+                next_tokens: torch.Tensor, next_valid: torch.Tensor | None = None) -> None:
         """A round this drafter did not feed: each row's committed tokens (its first
-        num_accepted[b] of drafts[B, γ'], then next_tokens[b]) join its pending ones."""
-        for b, (kept, token) in enumerate(zip(num_accepted.tolist(), next_tokens.tolist())):
-            self.pending[b] += drafts[b, :kept].tolist() + [token]
+        num_accepted[b] of drafts[B, γ'], then its next tokens, as in `commit`) join its
+        pending ones."""
+        following = _rows(next_tokens, next_valid)
+        for b, (kept, tokens) in enumerate(zip(num_accepted.tolist(), following)):
+            self.pending[b] += drafts[b, :kept].tolist() + tokens
 
     def select(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
@@ -156,3 +176,9 @@ class LlamaCppDrafter(Drafter):
         self.rows.add(input_ids.size(0), "draft")
         self.pending += [row[mask.bool()].tolist() for row, mask in zip(input_ids, valid)]
 
+
+def _rows(tokens: torch.Tensor, valid: torch.Tensor | None) -> list[list[int]]:
+    """Committed tokens [B], or [B, k] with their valid mask [B, k], as one list per row."""
+    if tokens.dim() == 1:
+        return [[token] for token in tokens.tolist()]
+    return [row[ok].tolist() for row, ok in zip(tokens, valid)]

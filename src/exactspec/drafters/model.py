@@ -8,7 +8,7 @@ import torch
 from exactspec.cache import CachedModel
 from exactspec.drafters.base import Drafter, Proposal, lag
 from exactspec.models import check_compatible, check_context, unwrap_model
-from exactspec.models.loaded import memory_of
+from exactspec.models.loaded import memory_of, output_vocab_size
 from exactspec.sampling import SamplingConfig, sample
 
 
@@ -34,8 +34,14 @@ class ModelDrafter(Drafter):
     def bind(self, target, total_tokens: int) -> int:
         """The shared vocabulary: the draft's tokenizer must match the target's (the vocabulary
         rule), and prompt + budget must fit the draft's context too."""
-        check_context(self.model, self.name, total_tokens)
+        self.bind_own(target, total_tokens)
         return check_compatible(target, (self.model, self.tokenizer))
+
+    def bind_own(self, target, total_tokens: int) -> int:
+        """`bind` less the vocabulary rule (a `TLIDrafter` maps vocabularies instead): prompt +
+        budget must fit the draft's context. Returns the width of its logits."""
+        check_context(self.model, self.name, total_tokens)
+        return output_vocab_size(self.model)
 
     @property
     def calls(self) -> int:

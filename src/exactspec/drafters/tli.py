@@ -16,12 +16,14 @@ it is in the intersection, else as the draft tokenizer's encoding of its text.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from exactspec.drafters.base import Drafter, Proposal
 from exactspec.drafters.model import ModelDrafter
-from exactspec.models import check_context, check_intersection, usable_vocab
-from exactspec.models.loaded import output_vocab_size, unwrap_model
+from exactspec.models import check_intersection, usable_vocab
+from exactspec.models.loaded import unwrap_model
 from exactspec.models.vocab_map import VocabMap, encode_text
 from exactspec.sampling import SamplingConfig
 
@@ -41,18 +43,26 @@ class InDraftVocab:
 
 
 class TLIDrafter(Drafter):
-    """A `ModelDrafter` over the draft's own vocabulary (its cache, its ids), whose proposals
-    are mapped to the target's ids with q placed in the target's vocabulary (module docstring).
+    """A model draft over its own vocabulary (its cache, its ids), whose proposals are mapped to
+    the target's ids with q placed in the target's vocabulary (module docstring). `model`: a
+    draft model (run as a `ModelDrafter`), or a drafter with a `tokenizer`, `bind_own` and a
+    `commit`/`observe` that take several tokens per row (`ModelDrafter`, `LlamaCppDrafter`).
     `method` says which way it drafts, once bound."""
 
     def __init__(self, model):
-        self.inner = model if isinstance(model, ModelDrafter) else ModelDrafter(model)
+        self.inner = model if isinstance(model, Drafter) else ModelDrafter(model)
         if self.inner.tokenizer is None:
             raise ValueError(f"draft {self.inner.name!r} has no tokenizer: a token-level "
                              "intersection needs one")
         self.name = f"tli:{self.inner.name}"
         self.map: VocabMap | None = None
         self.method = "token-level intersection"
+
+    def __copy__(self):
+        """A copy with a copy of its inner draft (`serve.drafts` gives each batch one)."""
+        twin = object.__new__(TLIDrafter)
+        twin.__dict__.update(self.__dict__, inner=copy.copy(self.inner))
+        return twin
 
     calls = property(lambda self: self.inner.calls)
     tokens_fed = property(lambda self: self.inner.tokens_fed)
@@ -63,13 +73,12 @@ class TLIDrafter(Drafter):
         """The target's vocabulary V_t (q is placed in it), once the intersection is checked
         (`check_intersection`). The context check counts target tokens: the draft's own count
         may be larger where it spells a target token with several of its own."""
-        check_context(self.inner.model, self.inner.name, total_tokens)
-        draft = (self.inner.model, self.inner.tokenizer)
-        self.map = check_intersection(target, draft)
+        scored = self.inner.bind_own(target, total_tokens)
+        self.map = check_intersection(target, (self.inner, self.inner.tokenizer))
         self.target_tokenizer = unwrap_model(target, "target")[1]
-        if output_vocab_size(self.inner.model) < self.map.draft_size:
-            raise ValueError(f"draft {self.inner.name!r} scores only {output_vocab_size(self.inner.model)} "
-                             f"token ids, but its tokenizer has {self.map.draft_size}")
+        if scored < self.map.draft_size:
+            raise ValueError(f"draft {self.inner.name!r} scores only {scored} token ids, but its "
+                             f"tokenizer has {self.map.draft_size}")
         self.method = self.map.describe()
         return usable_vocab(target)
 

@@ -21,7 +21,7 @@ from exactspec.models.loading import (
 )
 from exactspec.models.vocab import (
     INTERSECTION, SHARED, check_compatible, check_intersection, describe_pair, encode_prompt,
-    pair_method,
+    pair_method, token_list_method,
 )
 
 __all__ = [
@@ -29,5 +29,6 @@ __all__ = [
     "BundledModelMissing", "LoadedModel", "bundled_gguf_path", "cache_root", "check_compatible",
     "check_context", "check_intersection", "context_length", "describe_pair", "encode_prompt",
     "eos_token_ids", "input_device", "load_model", "output_vocab_size", "pair_method",
-    "parse_model_spec", "resolve_device", "resolve_dtype", "unwrap_model", "usable_vocab",
+    "parse_model_spec", "resolve_device", "resolve_dtype", "token_list_method", "unwrap_model",
+    "usable_vocab",
 ]

@@ -79,6 +79,14 @@ def pair_method(target, draft) -> str:
     return INTERSECTION
 
 
+def token_list_method(target, tokens: tuple[str, ...]) -> str:
+    """`pair_method` for a draft known by its token list (a GGUF's): SHARED when the target has
+    no tokenizer to tell (`check_token_list` then refuses it) or maps tokens to ids as the list
+    does, else INTERSECTION."""
+    _, t_tok, _ = unwrap_model(target, "target")
+    return SHARED if t_tok is None or _same_tokens(t_tok, tuple(tokens)) else INTERSECTION
+
+
 def describe_pair(target, draft) -> str:
     """Which way `draft` drafts for `target`, in words: SHARED, or the intersection's size
     (`VocabMap.describe`); raises ValueError as `check_intersection` does."""
