@@ -345,12 +345,14 @@ def test_the_bench_runs_transformers_generators_for_another_vocabulary():
     assert torch.equal(draft.model.get_output_embeddings().weight, head)
 
 
-def test_each_server_batch_gets_its_own_draft():
-    """A server makes a fresh drafter per batch by copying one (`serve.drafts`): a TLI draft's
-    copy holds a draft model of its own, not the first one's cache."""
-    from exactspec.serve.drafts import drafter_factory
+def test_the_bench_times_a_draft_of_another_vocabulary_on_its_own_ids(monkeypatch):
+    """The cost model's draft timing feeds the draft the context's text in its own ids."""
+    from exactspec.bench import timing
+    from exactspec.models.vocab_map import encode_text
 
     target, draft = loaded_pair()
-    make = drafter_factory(draft, target)
-    one, two = make(), make()
-    assert isinstance(one, TLIDrafter) and one.inner is not two.inner
+    context, fed, real = torch.tensor([T_TOK.encode("cd ab cd ab cd")]), [], timing.time_forward
+    monkeypatch.setattr(timing, "time_forward", lambda model, ids, ns: fed.append(ids) or real(model, ids, ns))
+    timings = timing.measure_timings(target, {"draft": draft}, context, max_gamma=1)
+    assert timings["drafts"]["draft"]["seconds_per_token"] > 0
+    assert fed[-1][0].tolist() == encode_text(D_TOK, "cd ab cd ab cd") != context[0].tolist()

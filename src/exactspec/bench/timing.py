@@ -92,9 +92,22 @@ def measure_timings(target, drafts: dict, context_ids: torch.Tensor, max_gamma: 
             how = "one proposal after a round that kept its drafts (γ = 4: 4 decodes and draws) / 4"
         else:
             log(f"timing the draft {spec} ...")
-            seconds, how = time_forward(draft, context_ids, [1])[1], "forward pass, 1 token"
+            own = _draft_ids(target, draft, context_ids)
+            seconds, how = time_forward(draft, own, [1])[1], "forward pass, 1 token"
         out["drafts"][spec] = {"seconds_per_token": seconds, "measured_as": how}
     return out
+
+
+def _draft_ids(target, draft, context_ids: torch.Tensor) -> torch.Tensor:
+    """The context [1, L] in the draft's ids: the same text encoded by its tokenizer when its
+    vocabulary differs from the target's (`pair_method`)."""
+    from exactspec.models import INTERSECTION, pair_method
+    from exactspec.models.vocab_map import encode_text
+
+    if pair_method(target, draft) != INTERSECTION:
+        return context_ids
+    text = target.tokenizer.decode(context_ids[0].tolist())
+    return torch.tensor([encode_text(draft.tokenizer, text)])
 
 
 def time_llamacpp_draft(drafter, target, context_ids: torch.Tensor, gamma: int, *,
