@@ -121,6 +121,7 @@ def _llamacpp_drafter(where: str, target) -> Drafter:
 
 
 def _gguf_of(where: str, target):
+    """The GGUF file a "llamacpp:WHERE" draft runs (see `_llamacpp_drafter`)."""
     from exactspec.drafters.llamacpp import gguf_file
     from exactspec.models.loading import named_gguf
 
