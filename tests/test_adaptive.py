@@ -239,7 +239,7 @@ def test_timings_are_kept_per_batch_size():
 def test_a_draft_that_must_catch_up_drafts_only_if_the_tokens_left_repay_it():
     """A model draft that sat out 700 tokens catches up at 2 ms a token (1.4 s): with 30 tokens
     left, drafting's saving (about 25 ms a token) does not repay it, with 500 left it does; with
-    80 left it saves 2.0 s, more than the catch-up but not twice it (`_CATCH_UP_MARGIN`), and with
+    80 left it saves 2.0 s, more than the catch-up but not 1.5 times it (`_CATCH_UP_MARGIN`), and with
     120 it saves 3.0 s; a draft in step drafts either way, and no probe catches up when even
     perfect drafts could not repay it."""
     controller = GammaController()
@@ -253,6 +253,21 @@ def test_a_draft_that_must_catch_up_drafts_only_if_the_tokens_left_repay_it():
     assert controller.choose("model", lag=700, tokens_left=120) > 0
     assert controller.choose("model", lag=0, tokens_left=30) > 0
     assert set(controller.choose("model", lag=7000, tokens_left=30) for _ in range(200)) == {0}
+
+
+def test_a_short_catch_up_is_priced_as_one_decode_in_step_plus_its_tokens():
+    """A catch-up feeds the lag with a round in step's own tokens: a lag of 2 that took 16 ms,
+    with 10 ms a decode in step, prices a token at 3 ms, not 8, so a lag of 44 with 32 tokens left
+    (0.13 s against 0.64 s saved) is worth catching up on; at 8 ms a token it would not be."""
+    controller = GammaController()
+    plain_steps(controller, 0.040)
+    for _ in range(5):
+        controller.observe("model", 4, torch.tensor([4]), 5, 0.040, 0.060, draft_calls=4)
+    for _ in range(3):
+        controller.observe_catch_up("model", 0.016, 2)
+    assert controller.catch_up["model"] == [pytest.approx(0.003)] * 3
+    assert controller.choose("model", lag=44, tokens_left=32) > 0
+    assert controller.choose("model", lag=150, tokens_left=32) == 0
 
 
 def test_a_grammar_rounds_forced_drafts_are_priced_as_kept_and_say_nothing_of_alpha():

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from exactspec.threads import EXPLORE_EVERY, RECENT, ThreadChoice, size_class
+from exactspec.threads import EXPLORE_EVERY, RECENT, TRIED_UP_TO, ThreadChoice, size_class
 
 
 def run(choice, seconds_of, units, size=1):
@@ -28,13 +28,24 @@ def test_the_faster_count_runs_and_the_other_is_still_tried():
 def test_sizes_are_timed_apart_and_counts_are_checked():
     choice = ThreadChoice((2, 1))
     run(choice, {2: 0.010, 1: 0.020}.get, 8, size=1)
-    run(choice, {2: 0.040, 1: 0.020}.get, 8, size=8)
-    assert (choice.best(1), choice.best(8), choice.best(3)) == (2, 1, None)
+    run(choice, {2: 0.040, 1: 0.020}.get, 8, size=3)
+    assert (choice.best(1), choice.best(3), choice.best(2)) == (2, 1, None)
     assert ThreadChoice((1, 1)).counts == (1,)
     with pytest.raises(ValueError, match="counts must be positive integers"):
         ThreadChoice((0,))
     with pytest.raises(ValueError, match="explore_every must be at least 2, got 1"):
         ThreadChoice((2, 1), explore_every=1)
+
+
+def test_a_large_unit_is_not_tried_on_another_count_but_follows_the_smaller_ones():
+    """A catch-up or a prompt (above TRIED_UP_TO) runs on the count fastest at the largest size
+    tried so far, all threads before any: trying one thread on a prefill costs it twice over."""
+    choice, large = ThreadChoice((2, 1)), TRIED_UP_TO + 2
+    assert run(choice, {2: 0.003, 1: 0.006}.get, 40, size=large) == [2] * 40
+    run(choice, {2: 0.050, 1: 0.020}.get, 8, size=2)  # busy: one thread wins the round's decodes
+    assert run(choice, {2: 0.003, 1: 0.006}.get, 40, size=large) == [1] * 40
+    run(choice, {2: 0.010, 1: 0.030}.get, 8, size=TRIED_UP_TO)  # the largest tried size decides
+    assert choice.choose(large) == 2
 
 
 def test_run_sets_the_count_then_times_per_token_by_size_class():

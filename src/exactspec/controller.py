@@ -18,7 +18,7 @@ START_GAMMA = 4  # a source's first round, before its cost is known
 _RECHECK = 1.5  # a drafting round dearer than this times its price re-times T(1)
 _MARGIN = 1.1  # a source that scores itself must promise this times a plain step (docs/design.md)
 _STEADY_GAMMA = 8  # longer blocks only while costs are steady
-_CATCH_UP_MARGIN = 2.0  # drafting after a catch-up must save this times its cost (docs/design.md)
+_CATCH_UP_MARGIN = 1.5  # drafting after a catch-up must save this times its cost (docs/design.md)
 _GUARD_ROUNDS = 4  # drafting rounds of a source in a generation before the guard judges them
 _PLAIN_SAMPLES = 3  # T(1) is timed this many times at a batch size before rounds are priced there
 
@@ -178,9 +178,12 @@ class GammaController(Controller):
         count_past(self.past.setdefault(source, [0, 0]), accepted, rejected)
 
     def observe_catch_up(self, source: str, seconds: float, tokens: int) -> None:
-        """A round's draft first fed `tokens` it had missed (its lag), in `seconds`."""
+        """A round's draft first fed `tokens` it had missed (its lag) with a round in step's own,
+        in `seconds`: the lag's cost is those seconds less one decode in step (`draft_seconds`),
+        so a short catch-up, mostly that decode, does not price a long one."""
         if tokens > 0:
-            record(self.catch_up, source, seconds / tokens)
+            in_step = self.draft_seconds(source) or 0.0
+            record(self.catch_up, source, max(seconds - in_step, 0.0) / tokens)
 
     def observe_round(self, source: str, report, drafted=None) -> None:
         """Learn from a finished round (`Controller.observe_round`), and from the drafter's scores

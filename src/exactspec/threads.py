@@ -13,6 +13,7 @@ import time
 
 RECENT = 5  # a count's speed is the median of its last few timings
 EXPLORE_EVERY = 16  # every this many units run a count not chosen, to keep its timing current
+TRIED_UP_TO = 4  # size classes of up to 15 tokens (a round's decodes) try every count; see choose
 
 
 def size_class(tokens: int) -> int:
@@ -24,7 +25,8 @@ class ThreadChoice:
     """Chooses among thread counts for units of like work (keyed by their size: a decode of B
     tokens): each count's speed is the median of its last RECENT seconds at that size; the
     fastest runs, and every `explore_every`-th unit another count runs instead, so that a change
-    in the machine shows within a few dozen units. Counts not yet timed at a size run first."""
+    in the machine shows within a few dozen units. Counts not yet timed at a size run first;
+    units above TRIED_UP_TO follow the smaller ones (`choose`)."""
 
     def __init__(self, counts, explore_every: int = EXPLORE_EVERY):
         self.counts = tuple(dict.fromkeys(int(n) for n in counts))
@@ -37,7 +39,12 @@ class ThreadChoice:
         self.units = 0
 
     def choose(self, size: int = 1) -> int:
-        """The thread count for the next unit of `size`."""
+        """The thread count for the next unit of `size`. A unit larger than TRIED_UP_TO (a
+        catch-up, a prompt) is not tried on other counts, since a wrong count costs it whole: it
+        runs on the count fastest at the largest size class tried so far."""
+        if size > TRIED_UP_TO:
+            tried = (self.best(s) for s in range(TRIED_UP_TO, 0, -1))
+            return next((count for count in tried if count is not None), self.counts[0])
         self.units += 1
         ranked = self._ranked(size)
         if len(ranked) < len(self.counts):
