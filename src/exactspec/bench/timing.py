@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 import torch
 
 from exactspec.bench.config import NGRAM, is_auto_draft
-from exactspec.drafters import is_llamacpp_spec
+from exactspec.drafters import is_llamacpp_spec, is_string_spec
 from exactspec.engine import synchronize
 
 
@@ -86,9 +86,13 @@ def measure_timings(target, drafts: dict, context_ids: torch.Tensor, max_gamma: 
             continue
         if draft == NGRAM:
             seconds, how = time_ngram_draft(context_ids, 4), "one n-gram lookup (γ = 4) / 4"
+        elif is_string_spec(spec):
+            log(f"timing the draft {spec} ...")
+            seconds = time_drafter(draft, target, context_ids, 4)
+            how = "one proposal after a round that kept its drafts (γ = 4: 5 tokens written) / 4"
         elif is_llamacpp_spec(spec):
             log(f"timing the draft {spec} ...")
-            seconds = time_llamacpp_draft(draft, target, context_ids, 4)
+            seconds = time_drafter(draft, target, context_ids, 4)
             how = "one proposal after a round that kept its drafts (γ = 4: 4 decodes and draws) / 4"
         else:
             log(f"timing the draft {spec} ...")
@@ -110,9 +114,10 @@ def _draft_ids(target, draft, context_ids: torch.Tensor) -> torch.Tensor:
     return torch.tensor([encode_text(draft.tokenizer, text)])
 
 
-def time_llamacpp_draft(drafter, target, context_ids: torch.Tensor, gamma: int, *,
+def time_drafter(drafter, target, context_ids: torch.Tensor, gamma: int, *,
                         repeats: int = 20, warmup: int = 3) -> float:
-    """Median seconds per drafted token of a llama.cpp drafter after `context_ids` [1, L]:
+    """Median seconds per drafted token of a drafter with a cache of its own (llama.cpp, string-level
+    drafts) after `context_ids` [1, L]:
     rounds of `propose(γ)` through the drafter contract, each followed by a commit that keeps
     every draft, as most rounds do at this draft's α (so each round feeds the last draft and the
     bonus token in one decode, then γ − 1 drafts), divided by γ."""

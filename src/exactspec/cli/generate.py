@@ -36,8 +36,10 @@ def register(subparsers) -> None:
     gen.add_argument("--draft", default=DEFAULT_DRAFT,
                      help="'auto' (prompt lookup when the text repeats, else the target's bfloat16 "
                           "copy when it pays, else plain steps), 'auto:SPEC' (the same with model "
-                          "SPEC), a draft model spec NAME[@DTYPE], 'ngram' (prompt lookup) or "
-                          f"'none' (plain decoding) (default: {DEFAULT_DRAFT})")
+                          "SPEC), a draft model spec NAME[@DTYPE] (one of another vocabulary drafts "
+                          "through the token-level intersection), 'string:SPEC' (a draft of "
+                          "another vocabulary proposing its text in the target's tokens), 'ngram' "
+                          f"(prompt lookup) or 'none' (plain decoding) (default: {DEFAULT_DRAFT})")
     gen.add_argument("--draft-dtype", choices=("float32", "bfloat16", "float16"),
                      help="load the draft in this dtype (overrides @DTYPE in --draft)")
     shape = gen.add_mutually_exclusive_group()
@@ -266,9 +268,12 @@ def _draft(spec: str, target, dtype: str | None = None):
 
 
 def _model_draft(spec: str, target, dtype: str | None):
-    """A llama.cpp drafter for "llamacpp[:PATH]", else the draft model loaded from the spec."""
-    from exactspec.drafters import TLIDrafter, is_llamacpp_spec, make_drafter
+    """A llama.cpp drafter for "llamacpp[:PATH]", string-level drafts for "string:SPEC", else
+    the draft model loaded from the spec."""
+    from exactspec.drafters import TLIDrafter, is_llamacpp_spec, is_string_spec, make_drafter
 
+    if is_string_spec(spec):
+        return _string_draft(spec, target, dtype)
     if not is_llamacpp_spec(spec):
         loaded = _load(spec, dtype, "--draft")
         _log_pairing(target, loaded, loaded.spec)
@@ -280,6 +285,22 @@ def _model_draft(spec: str, target, dtype: str | None):
     drafter.spec = drafter.name
     if isinstance(drafter, TLIDrafter):
         _log_pairing(target, (drafter.inner, drafter.inner.tokenizer), drafter.inner.name)
+    return drafter
+
+
+def _string_draft(spec: str, target, dtype: str | None):
+    """String-level drafts (`StringDrafter`) with the model draft after "string:"."""
+    from exactspec.drafters import StringDrafter, is_llamacpp_spec, make_drafter
+
+    inner = spec.split(":", 1)[1]
+    try:
+        drafter = (make_drafter(spec, target=target) if is_llamacpp_spec(inner)
+                   else StringDrafter(_load(inner, dtype, "--draft")))
+    except (ValueError, ImportError) as err:
+        raise CliError(f"--draft: {err}") from None
+    drafter.spec = drafter.name
+    _log(f"draft {drafter.inner.name}: string-level drafts (its text in the target's tokens, "
+         "proposed as point-mass drafts)")
     return drafter
 
 

@@ -10,14 +10,16 @@ from exactspec.drafters.base import Drafter, NoDraft, Proposal
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
 from exactspec.drafters.oracle import OracleDrafter
+from exactspec.drafters.strings import StringDrafter
 from exactspec.drafters.tli import TLIDrafter
 from exactspec.models import INTERSECTION, load_model, pair_method, token_list_method, unwrap_model
 
 __all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "OracleDrafter",
-           "Proposal", "TLIDrafter", "default_model_draft", "default_model_spec", "is_llamacpp_spec",
+           "Proposal", "StringDrafter", "TLIDrafter", "default_model_draft", "default_model_spec", "is_llamacpp_spec", "is_string_spec",
            "make_drafter", "model_drafter"]
 
 LLAMACPP = "llamacpp"
+STRING = "string"  # "string:SPEC": the model draft SPEC of another vocabulary, drafting text
 
 
 def make_drafter(draft, default_model=None, target=None) -> Drafter:
@@ -38,6 +40,8 @@ def make_drafter(draft, default_model=None, target=None) -> Drafter:
                 raise ValueError("draft 'auto' needs a model draft: pass 'auto:SPEC' or default_model")
             return AutoDrafter(make_drafter(model, target=target) if model is not None
                                else default_model_draft(target))
+        if is_string_spec(draft):
+            return _string_drafter(draft[len(STRING) + 1:], target)
         if is_llamacpp_spec(draft):
             return _llamacpp_drafter(draft[len(LLAMACPP) + 1:], target)
         return model_drafter(load_model(draft), target)
@@ -53,6 +57,11 @@ def model_drafter(model, target=None) -> Drafter:
     if target is not None and pair_method(target, model) == INTERSECTION:
         return TLIDrafter(model)
     return ModelDrafter(model)
+
+
+def is_string_spec(spec) -> bool:
+    """Whether a draft spec names string-level drafts: "string:SPEC"."""
+    return isinstance(spec, str) and spec.split(":")[0].lower() == STRING
 
 
 def is_llamacpp_spec(spec) -> bool:
@@ -118,6 +127,18 @@ def _llamacpp_drafter(where: str, target) -> Drafter:
     if target is not None and token_list_method(target, drafter.tokens()) == INTERSECTION:
         return TLIDrafter(drafter)
     return drafter
+
+
+def _string_drafter(spec: str, target) -> StringDrafter:
+    """"string:" + a model spec or "llamacpp:..." (see `StringDrafter`)."""
+    if not spec.strip():
+        raise ValueError("draft 'string:' needs a model: 'string:SPEC', e.g. "
+                         "'string:llamacpp:smollm2-135m-instruct'")
+    if is_llamacpp_spec(spec):
+        from exactspec.drafters.llamacpp import LlamaCppDrafter
+
+        return StringDrafter(LlamaCppDrafter(_gguf_of(spec[len(LLAMACPP) + 1:], target)))
+    return StringDrafter(load_model(spec))
 
 
 def _gguf_of(where: str, target):

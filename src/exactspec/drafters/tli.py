@@ -60,7 +60,7 @@ class TLIDrafter(Drafter):
 
     def __copy__(self):
         """A copy with a copy of its inner draft (`serve.drafts` gives each batch one)."""
-        twin = object.__new__(TLIDrafter)
+        twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__, inner=copy.copy(self.inner))
         return twin
 

@@ -29,13 +29,17 @@ class VocabMap:
     """The intersection as index tensors: target_ids[i] and draft_ids[i] have the same text.
 
     target_size, draft_size: the usable vocabularies V_t and V_d; texts: each target id's text
-    (special tokens as decoded alone), used to encode a committed token the draft lacks."""
+    (special tokens as decoded alone), used to encode a committed token the draft lacks;
+    draft_texts: each draft id's text, None for a special token or one whose text cannot be told
+    (what a string-level draft writes, `drafters.strings`)."""
 
     def __init__(self, target_ids: list[int], draft_ids: list[int], target_size: int,
-                 draft_size: int, texts: list[str], draft_tokenizer):
+                 draft_size: int, texts: list[str], draft_tokenizer,
+                 draft_texts: list[str | None] | None = None):
         self.target_ids = torch.tensor(target_ids, dtype=torch.long)  # [n]
         self.draft_ids = torch.tensor(draft_ids, dtype=torch.long)  # [n]
         self.target_size, self.draft_size, self.texts = target_size, draft_size, texts
+        self.draft_texts = draft_texts or [None] * draft_size
         self.draft_of = dict(zip(target_ids, draft_ids))
         self.target_of = torch.full((draft_size,), -1, dtype=torch.long)  # [V_d], -1 outside
         self.target_of[self.draft_ids] = self.target_ids
@@ -156,11 +160,15 @@ def intersect(target_tokenizer, draft_tokenizer) -> VocabMap:
     t_size, d_size = tokenizer_size(target_tokenizer), tokenizer_size(draft_tokenizer)
     t_texts = token_texts(target_tokenizer, t_size)
     target = _by_text(target_tokenizer, t_texts)
-    draft = _by_text(draft_tokenizer, token_texts(draft_tokenizer, d_size))
+    d_texts = token_texts(draft_tokenizer, d_size)
+    draft = _by_text(draft_tokenizer, d_texts)
     shared = sorted((target[text], draft[text]) for text in target.keys() & draft.keys())
     texts = [text if text is not None else target_tokenizer.decode([i]) for i, text in enumerate(t_texts)]
+    specials = special_ids(draft_tokenizer)
+    written = [None if i in specials or not text or "\ufffd" in text else text
+               for i, text in enumerate(d_texts)]
     return VocabMap([t for t, _ in shared], [d for _, d in shared], t_size, d_size, texts,
-                    draft_tokenizer)
+                    draft_tokenizer, written)
 
 
 def ordinary_count(tokenizer) -> int:
