@@ -1,10 +1,11 @@
 """Issue 49's greedy identity: the real pair's 1.5B (PyTorch or llama.cpp) drafted by the bundled
-SmolLM2-135M through the token-level intersection (its GGUF through llama.cpp, or its weights in
-PyTorch), against plain decoding, on HumanEval prompts; prints each prompt's identity,
+SmolLM2-135M through the token-level intersection or as string-level drafts (its GGUF through
+llama.cpp, or its weights in PyTorch), against plain decoding, on HumanEval prompts; prints each prompt's identity,
 acceptance and tokens per round, and the speed ratio.
 
     python scripts/cross_vocab_greedy.py --backend llamacpp --prompts 10 --tokens 64
     python scripts/cross_vocab_greedy.py --draft smollm2-135m-instruct   # the draft in PyTorch
+    python scripts/cross_vocab_greedy.py --draft string:llamacpp:smollm2-135m-instruct   # string-level
 """
 from __future__ import annotations
 

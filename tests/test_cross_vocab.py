@@ -87,7 +87,10 @@ def test_a_pair_without_enough_shared_tokens_is_refused_with_the_reason():
     draft = LoadedModel(make_tiny_llama(1), make_tiny_tokenizer(prefix="v"), "d", torch.float32, CPU)
     with pytest.raises(ValueError, match=r"different vocabularies .*token id 3 is 'w0' .*'v0'.*"
                                          r"token-level intersection holds 0 of the draft's 29 ordinary"):
-        es.speculative_generate(target, draft, torch.tensor([[1, 5]]), gamma=2, max_new_tokens=2)
+        es.speculative_generate(target, TLIDrafter(draft), torch.tensor([[1, 5]]), gamma=2,
+                                max_new_tokens=2)
+    out = es.speculative_generate(target, draft, torch.tensor([[1, 5]]), gamma=2, max_new_tokens=2)
+    assert out.sequences.shape == (1, 4)  # string-level drafts (the default) serve any pair
 
 
 # --------------------------------------------------------------------------- enumeration in float64
@@ -242,8 +245,7 @@ def test_generations_follow_the_target_law():
     the target's exact joint (chi-square at α = 1e-6 over 1,200 rows, 6 batches of 200 with seeds
     0..5: a false failure once in a million runs of a changed test, never for this fixed one)."""
     target, draft = loaded_pair()
-    drafter = make_drafter(draft, target=target)
-    assert isinstance(drafter, TLIDrafter)
+    drafter = TLIDrafter(draft)
     sampling = SamplingConfig(temperature=1.0)
     with torch.no_grad():
         first = sampling.probs(target.model(torch.tensor([PROMPT])).logits[:, -1].double())[0]  # [V]
@@ -277,10 +279,17 @@ def test_greedy_output_is_the_targets_row_by_row():
 # --------------------------------------------------------------------------- API and CLI
 
 
-def test_the_api_drafts_with_a_cross_vocabulary_pair():
+def test_the_api_drafts_with_a_cross_vocabulary_pair(tmp_path):
+    """A draft of another vocabulary drafts as string-level drafts by default
+    (`test_string_drafts`), through the intersection when named "tli:SPEC"."""
+    from exactspec.drafters import StringDrafter
+
     target, draft = loaded_pair()
-    drafter = make_drafter(draft, target=target)
-    assert isinstance(drafter, TLIDrafter)
+    assert isinstance(make_drafter(draft, target=target), StringDrafter)
+    draft.model.save_pretrained(tmp_path)
+    draft.tokenizer.save_pretrained(tmp_path)
+    drafter = make_drafter(f"tli:{tmp_path}", target=target)
+    assert type(drafter) is TLIDrafter
     out = es.speculative_generate(target, drafter, torch.tensor([PROMPT, PROMPT]), gamma=3,
                                   max_new_tokens=8, seed=0, eos_token_id=[])
     assert drafter.method == f"token-level intersection: 8 of the target's {VT} tokens can be drafted"
@@ -311,7 +320,7 @@ def test_the_cli_drafts_with_a_cross_vocabulary_pair(tmp_path, capsys):
         loaded.model.save_pretrained(tmp_path / name)
         loaded.tokenizer.save_pretrained(tmp_path / name)
     code = main(["generate", PROMPT_TEXT, "--target", str(tmp_path / "target"), "--draft",
-                 str(tmp_path / "draft"), "--no-chat", "--max-new-tokens", "6", "--gamma", "2",
+                 f"tli:{tmp_path / 'draft'}", "--no-chat", "--max-new-tokens", "6", "--gamma", "2",
                  "--seed", "0", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err

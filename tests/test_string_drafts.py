@@ -219,7 +219,7 @@ def test_the_cli_drafts_text_with_a_cross_vocabulary_pair(saved_pair, capsys):
                  "--gamma", "2", "--seed", "0", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "string-level drafts" in err
+    assert "string-level: the draft's text in the target's tokens" in err
     assert '"drafted_tokens"' in out
 
 

@@ -21,8 +21,9 @@ and adds each row's pass@1 (`exactspec.bench.humaneval`); "mix:N" is N prompts o
 categories (`exactspec.bench.mix`), each category a prompt kind, so rows are per category.
 
 The **drafts** are model specs, "llamacpp" / "llamacpp:PATH" (a GGUF run by llama.cpp; plain
-"llamacpp" is the target's own file), "string:SPEC" (the model draft SPEC, of another
-vocabulary, drafting text: `exactspec.drafters.strings`), "ngram" (prompt lookup) and "auto" /
+"llamacpp" is the target's own file), "string:SPEC" / "tli:SPEC" (the model draft SPEC, of
+another vocabulary, as string-level drafts or through the token-level intersection; a model
+draft of another vocabulary named alone drafts as "string:SPEC"), "ngram" (prompt lookup) and "auto" /
 "auto:SPEC": prompt lookup when the context repeats, else the model draft SPEC (for "auto", the
 target's default model draft, `auto_model_spec`).
 
@@ -35,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 from exactspec.bench.llama_peers import NGRAM_TYPES as LLAMA_NGRAM_TYPES
 from exactspec.controller import AUTO, MAX_GAMMA
-from exactspec.drafters import is_llamacpp_spec, is_string_spec
+from exactspec.drafters import is_llamacpp_spec, other_vocabulary_method
 from exactspec.models import BUNDLED_MODEL, parse_model_spec
 from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET
 
@@ -299,9 +300,9 @@ class RunSpec:
 def peer_gammas(draft: str, gammas) -> list[int | str]:
     """The γ of a draft's hf_assisted rows: for "ngram", `HF_LOOKUP_GAMMAS` and every integer γ
     of `gammas` (the config's hf_gammas, else its γ); for a model draft, every integer γ, then
-    "default"; none for an auto, a llama.cpp or a string-level draft (Transformers' rows for a
-    draft of another vocabulary come with its own spec)."""
-    if is_auto_draft(draft) or is_string_spec(draft):
+    "default"; none for an auto or a llama.cpp draft, nor for "string:SPEC" / "tli:SPEC"
+    (Transformers' rows for a draft of another vocabulary come with the spec SPEC)."""
+    if is_auto_draft(draft) or other_vocabulary_method(draft):
         return []
     if draft == NGRAM:
         return sorted(set(HF_LOOKUP_GAMMAS) | set(fixed_gammas(gammas)))

@@ -55,12 +55,12 @@ def load_models(config: BenchConfig, models: dict | None = None,
     """Check `config`, set its torch threads, and return (target, drafts): LoadedModels, with each
     draft spec mapped to its LoadedModel, to "ngram", or for an auto draft to one `AutoDrafter`
     (reused by every run: the engine restarts it) whose model draft is `auto_model_spec`, and a
-    llama.cpp draft or string-level drafts ("string:SPEC") to its drafter (restarted likewise); model drafts are checked against the
+    llama.cpp draft or a "string:SPEC" / "tli:SPEC" draft to its drafter (restarted likewise); model drafts are checked against the
     target's vocabulary. models: LoadedModels by spec, used
     instead of loading; a spec named twice (an auto draft's model and the same model as a draft
     of its own) is loaded once."""
-    from exactspec.drafters import (AutoDrafter, StringDrafter, is_llamacpp_spec, is_string_spec,
-                                    make_drafter, model_drafter)
+    from exactspec.drafters import (OTHER_VOCABULARY, AutoDrafter, is_llamacpp_spec, make_drafter,
+                                    model_drafter, other_vocabulary_method)
     from exactspec.models import load_model
 
     config.check()
@@ -76,10 +76,11 @@ def load_models(config: BenchConfig, models: dict | None = None,
         return loaded[spec]
 
     def model_draft(spec: str):
-        if is_llamacpp_spec(spec) or is_string_spec(spec):  # drafters the engine restarts
-            inner = spec.split(":", 1)[1] if is_string_spec(spec) else spec
+        method = other_vocabulary_method(spec)
+        if is_llamacpp_spec(spec) or method:  # drafters the engine restarts
+            inner = spec.split(":", 1)[1] if method else spec
             drafter = (make_drafter(spec, target=target) if is_llamacpp_spec(inner)
-                       else StringDrafter(get(inner)))
+                       else OTHER_VOCABULARY[method](get(inner)))
             drafter.bind(target, 1)
             return drafter, drafter
         model = get(spec)

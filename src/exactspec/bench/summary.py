@@ -49,10 +49,10 @@ def build_summary(rows: list[dict]) -> list[dict]:
 
 def _is_model_draft(draft: str | None) -> bool:
     """A model draft run in PyTorch (not prompt lookup, the auto draft or llama.cpp)."""
-    from exactspec.drafters import is_llamacpp_spec, is_string_spec
+    from exactspec.drafters import is_llamacpp_spec, other_vocabulary_method
 
     return (bool(draft) and draft not in (NGRAM, ORACLE) and not is_auto_draft(draft)
-            and not is_llamacpp_spec(draft) and not is_string_spec(draft))
+            and not is_llamacpp_spec(draft) and not other_vocabulary_method(draft))
 
 
 def peer_summary(group: list[dict]) -> dict:

@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 import torch
 
 from exactspec.bench.config import NGRAM, is_auto_draft
-from exactspec.drafters import is_llamacpp_spec, is_string_spec
+from exactspec.drafters import is_llamacpp_spec, other_vocabulary_method
 from exactspec.engine import synchronize
 
 
@@ -86,7 +86,7 @@ def measure_timings(target, drafts: dict, context_ids: torch.Tensor, max_gamma: 
             continue
         if draft == NGRAM:
             seconds, how = time_ngram_draft(context_ids, 4), "one n-gram lookup (γ = 4) / 4"
-        elif is_string_spec(spec):
+        elif other_vocabulary_method(spec):
             log(f"timing the draft {spec} ...")
             seconds = time_drafter(draft, target, context_ids, 4)
             how = "one proposal after a round that kept its drafts (γ = 4: 5 tokens written) / 4"

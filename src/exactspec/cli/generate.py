@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 from exactspec.cli.common import (
     TARGET_HELP, CliError, print_json, print_table, read_prompts, start_tp, trace_writer)
+from exactspec.cli.drafts import draft_name, load, log, make_draft
 from exactspec.controller import MAX_GAMMA
 from exactspec.logprobs import LOGPROBS_MODES
 from exactspec.verify import VERIFY_RULES
@@ -36,9 +36,9 @@ def register(subparsers) -> None:
     gen.add_argument("--draft", default=DEFAULT_DRAFT,
                      help="'auto' (prompt lookup when the text repeats, else the target's bfloat16 "
                           "copy when it pays, else plain steps), 'auto:SPEC' (the same with model "
-                          "SPEC), a draft model spec NAME[@DTYPE] (one of another vocabulary drafts "
-                          "through the token-level intersection), 'string:SPEC' (a draft of "
-                          "another vocabulary proposing its text in the target's tokens), 'ngram' "
+                          "SPEC), a draft model spec NAME[@DTYPE] (one of another vocabulary "
+                          "proposes its text in the target's tokens, or with 'tli:SPEC' drafts "
+                          "through the token-level intersection), 'ngram' "
                           f"(prompt lookup) or 'none' (plain decoding) (default: {DEFAULT_DRAFT})")
     gen.add_argument("--draft-dtype", choices=("float32", "bfloat16", "float16"),
                      help="load the draft in this dtype (overrides @DTYPE in --draft)")
@@ -98,25 +98,6 @@ def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the tokenizer's chat template (default when it has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false")
-
-
-def _log(message: str) -> None:
-    from exactspec.distributed import is_leader
-
-    if is_leader():  # under torchrun, rank 0 speaks for all
-        print(message, file=sys.stderr, flush=True)
-
-
-def _load(spec: str, dtype: str | None = None, option: str = "--target", tp: bool = False):
-    from exactspec.models import load_model
-
-    start = time.perf_counter()
-    try:
-        loaded = load_model(spec, dtype=dtype, tp=tp)
-    except (ValueError, OSError) as err:  # one line naming the option (the clear-errors rule)
-        raise CliError(f"{option}: {err}") from None
-    _log(f"loaded {loaded.spec} in {time.perf_counter() - start:.1f} s")
-    return loaded
 
 
 def encode_batch(loaded, prompts: list[str], chat: bool | None):
@@ -210,8 +191,8 @@ def run_generate(args) -> int:
         raise CliError(f"--stream works with one prompt, got {len(prompts)}")
     args.constraint = _constraint(args)
     tp = start_tp("--tp", args.target) if args.tp else None  # the number of ranks
-    target = _load(args.target, tp=args.tp)
-    draft = _draft(args.draft, target, args.draft_dtype)
+    target = load(args.target, tp=args.tp)
+    draft = make_draft(args.draft, target, args.draft_dtype)
     input_ids, mask = encode_batch(target, prompts, args.chat)
     stream = TextStream(target.tokenizer) if args.stream and not args.json else None
     with trace_writer(args.trace) as args.on_round:
@@ -226,10 +207,10 @@ def run_generate(args) -> int:
         if out.logprobs is not None:
             results[-1]["logprobs"] = _logprobs_json(target.tokenizer, out.logprobs[len(results) - 1])
         if args.constraint is not None and len(new_ids) >= args.max_new_tokens:
-            _log(f"warning: a row stopped at --max-new-tokens {args.max_new_tokens} before its "
+            log(f"warning: a row stopped at --max-new-tokens {args.max_new_tokens} before its "
                  "constraint could end; raise --max-new-tokens for a complete output")
     if args.json:
-        head = {"target": target.spec, "draft": _draft_name(draft), "gamma": args.gamma,
+        head = {"target": target.spec, "draft": draft_name(draft), "gamma": args.gamma,
                 "verify": args.verify, **({"tp": tp} if tp else {}),
                 **({"constraint": args.constraint.kind} if args.constraint else {})}
         if len(results) == 1:
@@ -245,82 +226,9 @@ def run_generate(args) -> int:
             print(f"  {entry['text']!r:>16} {entry['logprob']}")
         print()
     named = {f"[{i}]": s for i, s in enumerate(out.row_stats)} if len(results) > 1 else {}
-    named[_draft_name(draft) if len(results) == 1 else "batch"] = out.stats
+    named[draft_name(draft) if len(results) == 1 else "batch"] = out.stats
     print_table(_stats_rows(named), STATS_COLUMNS)
     return 0
-
-
-def _draft(spec: str, target, dtype: str | None = None):
-    """None (plain decoding), "ngram", an `AutoDrafter`, a llama.cpp drafter or a loaded draft
-    model, for --draft. "auto" drafts, when prompt lookup has nothing, with the target's default
-    model draft (`exactspec.drafters.default_model_spec`)."""
-    from exactspec.drafters import default_model_spec, make_drafter
-
-    spec = spec.strip()
-    if spec.lower() in ("none", "ngram"):
-        return None if spec.lower() == "none" else "ngram"
-    if spec.lower() == "auto" or spec.lower().startswith("auto:"):
-        model = _model_draft(spec[len("auto:"):] or default_model_spec(target), target, dtype)
-        drafter = make_drafter("auto", default_model=model, target=target)
-        drafter.spec = f"auto:{_draft_name(model)}"  # for the tables and --json
-        return drafter
-    return _model_draft(spec, target, dtype)
-
-
-def _model_draft(spec: str, target, dtype: str | None):
-    """A llama.cpp drafter for "llamacpp[:PATH]", string-level drafts for "string:SPEC", else
-    the draft model loaded from the spec."""
-    from exactspec.drafters import TLIDrafter, is_llamacpp_spec, is_string_spec, make_drafter
-
-    if is_string_spec(spec):
-        return _string_draft(spec, target, dtype)
-    if not is_llamacpp_spec(spec):
-        loaded = _load(spec, dtype, "--draft")
-        _log_pairing(target, loaded, loaded.spec)
-        return loaded
-    try:
-        drafter = make_drafter(spec, target=target)
-    except (ValueError, ImportError) as err:
-        raise CliError(f"--draft: {err}") from None
-    drafter.spec = drafter.name
-    if isinstance(drafter, TLIDrafter):
-        _log_pairing(target, (drafter.inner, drafter.inner.tokenizer), drafter.inner.name)
-    return drafter
-
-
-def _string_draft(spec: str, target, dtype: str | None):
-    """String-level drafts (`StringDrafter`) with the model draft after "string:"."""
-    from exactspec.drafters import StringDrafter, is_llamacpp_spec, make_drafter
-
-    inner = spec.split(":", 1)[1]
-    try:
-        drafter = (make_drafter(spec, target=target) if is_llamacpp_spec(inner)
-                   else StringDrafter(_load(inner, dtype, "--draft")))
-    except (ValueError, ImportError) as err:
-        raise CliError(f"--draft: {err}") from None
-    drafter.spec = drafter.name
-    _log(f"draft {drafter.inner.name}: string-level drafts (its text in the target's tokens, "
-         "proposed as point-mass drafts)")
-    return drafter
-
-
-def _log_pairing(target, draft, name: str) -> None:
-    """Say when a model draft drafts through the token-level intersection (a pair it cannot
-    serve is refused by the generation, with the reason)."""
-    from exactspec.models import SHARED, describe_pair
-
-    try:
-        method = describe_pair(target, draft)
-    except ValueError:
-        return
-    if method != SHARED:
-        _log(f"draft {name} has another vocabulary than {target.spec}: {method}")
-
-
-def _draft_name(draft) -> str:
-    if draft is None or isinstance(draft, str):
-        return draft or "none"
-    return draft.spec
 
 
 def _check_common(args) -> None:
@@ -352,8 +260,8 @@ def _parse_gamma(text):
 
 def run_demo(args) -> int:
     _check_common(args)
-    target = _load(args.target)
-    draft = _draft("auto", target)
+    target = load(args.target)
+    draft = make_draft("auto", target)
     results = [_demo_prompt(target, draft, kind, prompt, args) for kind, prompt in DEMO_PROMPTS]
     if args.json:
         print_json({"target": target.spec, "draft": draft.spec, "gamma": args.gamma,
@@ -368,12 +276,12 @@ def _demo_prompt(target, draft, kind: str, prompt: str, args) -> dict:
     """Plain decoding and speculative decoding of one prompt, after a warm-up of both; each
     timed twice, the faster run kept (the machine may be busy)."""
     input_ids = encode_batch(target, [prompt], None)[0]
-    _log(f"{kind} prompt: warming up both paths ...")
+    log(f"{kind} prompt: warming up both paths ...")
     warm = argparse.Namespace(**{**vars(args), "max_new_tokens": 8})
     runs = {}
     for name, drafter in (("autoregressive", None), ("speculative", draft)):
         _generate(target, drafter, input_ids, warm)
-        _log(f"{kind} prompt: {name} decoding ...")
+        log(f"{kind} prompt: {name} decoding ...")
         runs[name] = min((_generate(target, drafter, input_ids, args) for _ in range(2)),
                          key=lambda out: out.stats.wall_seconds)
     speedup = runs["speculative"].stats.tokens_per_s / runs["autoregressive"].stats.tokens_per_s

@@ -15,20 +15,23 @@ from exactspec.drafters.tli import TLIDrafter
 from exactspec.models import INTERSECTION, load_model, pair_method, token_list_method, unwrap_model
 
 __all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "OracleDrafter",
-           "Proposal", "StringDrafter", "TLIDrafter", "default_model_draft", "default_model_spec", "is_llamacpp_spec", "is_string_spec",
+           "Proposal", "StringDrafter", "TLIDrafter", "default_model_draft", "default_model_spec", "is_llamacpp_spec", "other_vocabulary_method",
            "make_drafter", "model_drafter"]
 
 LLAMACPP = "llamacpp"
-STRING = "string"  # "string:SPEC": the model draft SPEC of another vocabulary, drafting text
+# "METHOD:SPEC": the model draft SPEC of another vocabulary, drafting its text in the target's
+# tokens ("string", the default for such a pair) or through the token-level intersection ("tli")
+OTHER_VOCABULARY = {"string": StringDrafter, "tli": TLIDrafter}
 
 
 def make_drafter(draft, default_model=None, target=None) -> Drafter:
     """The drafter for `draft`: None (plain decoding), "ngram", "auto" (prompt lookup or the
     model draft `default_model`, or the target's default one, round by round), "auto:SPEC" (the
     same with the model SPEC), "llamacpp:PATH_OR_BUNDLED_NAME" (a GGUF run by llama.cpp; plain
-    "llamacpp" runs the target's own GGUF), a model spec string, a LoadedModel or Hugging Face
-    model (`model_drafter`: through the token-level intersection when its vocabulary differs from
-    `target`'s), or an object that already keeps the drafter contract."""
+    "llamacpp" runs the target's own GGUF), "string:SPEC" / "tli:SPEC" (the model draft SPEC, of
+    another vocabulary, as string-level drafts or through the token-level intersection), a model
+    spec string, a LoadedModel or Hugging Face model (`model_drafter`: string-level drafts when its
+    vocabulary differs from `target`'s), or an object that already keeps the drafter contract."""
     if draft is None:
         return NoDraft()
     if isinstance(draft, str):
@@ -40,8 +43,8 @@ def make_drafter(draft, default_model=None, target=None) -> Drafter:
                 raise ValueError("draft 'auto' needs a model draft: pass 'auto:SPEC' or default_model")
             return AutoDrafter(make_drafter(model, target=target) if model is not None
                                else default_model_draft(target))
-        if is_string_spec(draft):
-            return _string_drafter(draft[len(STRING) + 1:], target)
+        if other_vocabulary_method(draft):
+            return _other_vocabulary_drafter(*draft.split(":", 1), target)
         if is_llamacpp_spec(draft):
             return _llamacpp_drafter(draft[len(LLAMACPP) + 1:], target)
         return model_drafter(load_model(draft), target)
@@ -52,16 +55,17 @@ def make_drafter(draft, default_model=None, target=None) -> Drafter:
 
 def model_drafter(model, target=None) -> Drafter:
     """The drafter for a draft model, by `pair_method`: a `ModelDrafter` when it shares the
-    target's vocabulary (or the target is not known yet: its `bind` then checks), a `TLIDrafter`
-    (the token-level intersection) when both have tokenizers whose vocabularies differ."""
+    target's vocabulary (or the target is not known yet: its `bind` then checks), a
+    `StringDrafter` when both have tokenizers whose vocabularies differ."""
     if target is not None and pair_method(target, model) == INTERSECTION:
-        return TLIDrafter(model)
+        return StringDrafter(model)
     return ModelDrafter(model)
 
 
-def is_string_spec(spec) -> bool:
-    """Whether a draft spec names string-level drafts: "string:SPEC"."""
-    return isinstance(spec, str) and spec.split(":")[0].lower() == STRING
+def other_vocabulary_method(spec) -> str | None:
+    """"string" or "tli" for a draft spec "string:SPEC" or "tli:SPEC", else None."""
+    method = spec.split(":")[0].lower() if isinstance(spec, str) and ":" in spec else None
+    return method if method in OTHER_VOCABULARY else None
 
 
 def is_llamacpp_spec(spec) -> bool:
@@ -119,26 +123,28 @@ def llamacpp_available() -> bool:
 
 def _llamacpp_drafter(where: str, target) -> Drafter:
     """"llamacpp:" + a GGUF path, a packaged model's name (the bundled model, the real pair), or
-    nothing (the target's own file); through the token-level intersection when the GGUF's
-    vocabulary differs from `target`'s (`token_list_method`)."""
+    nothing (the target's own file); as string-level drafts when the GGUF's vocabulary differs
+    from `target`'s (`token_list_method`)."""
     from exactspec.drafters.llamacpp import LlamaCppDrafter
 
     drafter = LlamaCppDrafter(_gguf_of(where, target))
     if target is not None and token_list_method(target, drafter.tokens()) == INTERSECTION:
-        return TLIDrafter(drafter)
+        return StringDrafter(drafter)
     return drafter
 
 
-def _string_drafter(spec: str, target) -> StringDrafter:
-    """"string:" + a model spec or "llamacpp:..." (see `StringDrafter`)."""
+def _other_vocabulary_drafter(method: str, spec: str, target) -> Drafter:
+    """"string:" or "tli:" + a model spec or "llamacpp:..." (`OTHER_VOCABULARY`)."""
     if not spec.strip():
-        raise ValueError("draft 'string:' needs a model: 'string:SPEC', e.g. "
-                         "'string:llamacpp:smollm2-135m-instruct'")
+        raise ValueError(f"draft '{method}:' needs a model: '{method}:SPEC', e.g. "
+                         f"'{method}:llamacpp:smollm2-135m-instruct'")
     if is_llamacpp_spec(spec):
         from exactspec.drafters.llamacpp import LlamaCppDrafter
 
-        return StringDrafter(LlamaCppDrafter(_gguf_of(spec[len(LLAMACPP) + 1:], target)))
-    return StringDrafter(load_model(spec))
+        model = LlamaCppDrafter(_gguf_of(spec[len(LLAMACPP) + 1:], target))
+    else:
+        model = load_model(spec)
+    return OTHER_VOCABULARY[method.lower()](model)
 
 
 def _gguf_of(where: str, target):

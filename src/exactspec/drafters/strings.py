@@ -24,6 +24,7 @@ from exactspec.drafters.base import Proposal
 from exactspec.drafters.tli import TLIDrafter, _right_aligned
 from exactspec.models import usable_vocab
 from exactspec.models.loaded import unwrap_model
+from exactspec.models.vocab import STRING_LEVEL
 from exactspec.models.vocab_map import encode_piece, intersect
 from exactspec.sampling import SamplingConfig
 
@@ -52,8 +53,7 @@ class StringDrafter(TLIDrafter):
         if scored < self.map.draft_size:
             raise ValueError(f"draft {self.inner.name!r} scores only {scored} token ids, but its "
                              f"tokenizer has {self.map.draft_size}")
-        self.method = ("string-level: the draft's text in the target's tokens, proposed as "
-                       "point-mass drafts")
+        self.method = STRING_LEVEL
         return usable_vocab(target)
 
     def propose(self, gamma: int, sampling: SamplingConfig,

@@ -12,6 +12,7 @@ from exactspec.models.loaded import (
 from exactspec.models.vocab_map import MIN_SHARED, VocabMap, intersect, ordinary_count
 
 SHARED, INTERSECTION = "shared vocabulary", "token-level intersection"  # `pair_method`'s answers
+STRING_LEVEL = "string-level: the draft's text in the target's tokens, proposed as point-mass drafts"
 
 
 def _describe(obj, role: str) -> str:
@@ -88,11 +89,9 @@ def token_list_method(target, tokens: tuple[str, ...]) -> str:
 
 
 def describe_pair(target, draft) -> str:
-    """Which way `draft` drafts for `target`, in words: SHARED, or the intersection's size
-    (`VocabMap.describe`); raises ValueError as `check_intersection` does."""
-    if pair_method(target, draft) == SHARED:
-        return SHARED
-    return check_intersection(target, draft).describe()
+    """Which way `draft` drafts for `target` by default, in words: SHARED, or STRING_LEVEL
+    (`drafters.strings`) for a draft of another vocabulary."""
+    return SHARED if pair_method(target, draft) == SHARED else STRING_LEVEL
 
 
 def check_intersection(target, draft) -> VocabMap:
