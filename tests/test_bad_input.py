@@ -22,6 +22,7 @@ import torch
 import exactspec as es
 from conftest import make_tiny_llama, make_tiny_tokenizer
 from exactspec.cli import main
+from exactspec.drafters import TLIDrafter
 from exactspec.models import LoadedModel, load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -97,7 +98,7 @@ def api_generate(env: Env, **overrides) -> None:
 def api_other_vocab(env: Env) -> None:
     other = LoadedModel(make_tiny_llama(1, num_layers=1), make_tiny_tokenizer(prefix="v"), "other",
                         torch.float32, torch.device("cpu"))
-    api_generate(env, draft=other)
+    api_generate(env, draft=TLIDrafter(other))  # string-level drafts, the default, serve any pair
 
 
 def api_nan_logits(env: Env) -> None:
@@ -150,8 +151,8 @@ CASES = [
          r"prompt \+ max_new_tokens = \d+ tokens exceeds the context window of .* \(128 tokens\)",
          lambda e: api_generate(e, max_new_tokens=500),
          r"prompt \+ max_new_tokens = 503 tokens exceeds the context window of .* \(128 tokens\)"),
-    Case("draft with another vocabulary", GEN + ["--draft", "{other}"],
-         r"different vocabularies .*token id 3 is 'w0' in the target's vocabulary but 'v0'",
+    Case("draft of another vocabulary through the intersection", GEN + ["--draft", "tli:{other}"],
+         r"--draft: target .* different vocabularies .*token id 3 is 'w0' in the target .*vocabulary but 'v0'",
          api_other_vocab, r"different vocabularies .*token id 3 is 'w0' .* but 'v0'"),
     Case("missing model path", GEN[:2] + ["--target", "{root}/no-such-model", "--draft", "none"],
          r"--target: unknown model '.*no-such-model': .*no such file or folder",

@@ -304,9 +304,11 @@ def test_incompatible_vocabularies_are_refused(tiny_pair, tiny_tokenizer):
     target, draft = tiny_pair
     cpu = torch.device("cpu")
     other = make_tiny_tokenizer(prefix="v")
-    with pytest.raises(ValueError, match="vocabular"):
+    from exactspec.drafters import TLIDrafter
+
+    with pytest.raises(ValueError, match="vocabular"):  # the intersection needs shared tokens
         es.speculative_generate(LoadedModel(target, tiny_tokenizer, "t", torch.float32, cpu),
-                                LoadedModel(draft, other, "d", torch.float32, cpu),
+                                TLIDrafter(LoadedModel(draft, other, "d", torch.float32, cpu)),
                                 ids(PROMPTS[0]), gamma=2, max_new_tokens=3)
     with pytest.raises(ValueError, match="output sizes differ: 32 vs 40"):
         es.speculative_generate(target, make_tiny_llama(1, vocab_size=40), ids(PROMPTS[0]),

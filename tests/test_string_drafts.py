@@ -143,7 +143,7 @@ class Spelled(StringDrafter):
         finally:
             del self.inner.commit
         kept, tokens, valid = told[0]
-        for b, (written, proposed) in enumerate(zip(self.written, self.proposed)):
+        for b, (written, proposed) in enumerate(zip(self.written, self.drafts.tolist())):
             self.draft_side[b] += written[:kept[b]] + tokens[b][valid[b]].tolist()
             self.target_side[b] += proposed[:num_accepted[b]] + [int(next_tokens[b])]
 
@@ -237,3 +237,23 @@ def test_the_bench_runs_and_times_string_drafts():
     row = next(row for row in out["rows"] if row["method"] == "speculative")
     assert row["draft"] == "string:draft" and row["matches_autoregressive"]
     assert out["costmodel"]["timings"]["drafts"]["string:draft"]["seconds_per_token"] > 0
+
+
+def test_the_server_drafts_text_for_a_cross_vocabulary_pair(saved_pair, capsys):
+    """`exactspec serve --draft string:SPEC`: each batch gets its own copy of the drafter, and a
+    greedy completion is plain decoding's."""
+    pytest.importorskip("fastapi")
+    from exactspec.serve.app import ServeConfig
+    from test_serve import Server, generate_cli
+
+    target = str(saved_pair / "target")
+    plain = generate_cli(capsys, target, "none", PROMPT_TEXT, "--no-chat")
+    srv = Server(ServeConfig(target=target, draft=f"string:{saved_pair / 'draft'}", gamma=2,
+                             model_name="tiny"))
+    try:
+        for _ in range(2):  # a second batch gets a fresh copy
+            completion = srv.client.completions.create(model="tiny", prompt=PROMPT_TEXT, max_tokens=12,
+                                                       temperature=0)
+            assert completion.choices[0].text == plain
+    finally:
+        srv.close()

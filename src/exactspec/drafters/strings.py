@@ -62,11 +62,12 @@ class StringDrafter(TLIDrafter):
         as any point-mass draft); `lengths` says how many each row wrote."""
         written = self.inner.propose(gamma + 1 if gamma else 0, GREEDY, None).tokens  # [B, γ+1]
         self.written = written.tolist()
-        self.proposed = [self.target_tokens(row)[:gamma] for row in self.written]
-        width = max(map(len, self.proposed))
-        padded = [row + [row[-1] if row else 0] * (width - len(row)) for row in self.proposed]
-        self.drafts = torch.tensor(padded, dtype=torch.long).view(len(padded), width).to(written.device)  # [B, γ']
-        return Proposal(self.drafts, None, [len(row) for row in self.proposed])
+        proposed = [self.target_tokens(row)[:gamma] for row in self.written]
+        width = max(map(len, proposed))
+        padded = [row + [row[-1] if row else 0] * (width - len(row)) for row in proposed]
+        drafts = torch.tensor(padded, dtype=torch.long).view(len(padded), width)  # [B, γ']
+        self.drafts = drafts.to(written.device)
+        return Proposal(self.drafts, None, [len(row) for row in proposed])
 
     def target_tokens(self, written: list[int]) -> list[int]:
         """The draft's tokens → the target's tokens of their text, the last one left out unless
@@ -88,8 +89,8 @@ class StringDrafter(TLIDrafter):
         """Each row's committed tokens (its first num_accepted[b] proposals, then next_tokens[b])
         as text: the draft keeps the written tokens that spell a proper prefix of it and is fed
         the rest (`follow`)."""
-        committed = [row[:n] + [x] for row, n, x in
-                     zip(self.proposed, num_accepted.tolist(), next_tokens.tolist())]
+        committed = [row[:n] + [x] for row, n, x in  # padding the verifier kept counts too
+                     zip(self.drafts.tolist(), num_accepted.tolist(), next_tokens.tolist())]
         kept, rest = zip(*(self.follow(written, self.text(tokens))
                            for written, tokens in zip(self.written, committed)))
         tokens, valid = _right_aligned(list(rest), next_tokens.device)
