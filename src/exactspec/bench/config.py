@@ -22,10 +22,10 @@ categories (`exactspec.bench.mix`), each category a prompt kind, so rows are per
 
 The **drafts** are model specs, "llamacpp" / "llamacpp:PATH" (a GGUF run by llama.cpp; plain
 "llamacpp" is the target's own file), "string:SPEC" / "tli:SPEC" (the model draft SPEC, of
-another vocabulary, as string-level drafts or through the token-level intersection; a model
-draft of another vocabulary named alone drafts as "string:SPEC"), "ngram" (prompt lookup) and "auto" /
-"auto:SPEC": prompt lookup when the context repeats, else the model draft SPEC (for "auto", the
-target's default model draft, `auto_model_spec`).
+another vocabulary, as string-level drafts or through the token-level intersection; named alone,
+such a draft drafts as "string:SPEC"), "ngram" (prompt lookup) and "auto" / "auto:SPEC": prompt
+lookup when the context repeats, else the model draft SPEC (for "auto", the target's default
+model draft, `auto_model_spec`).
 
 ``verify`` is the verification rule of a speculative configuration: "block" or "token".
 """

@@ -55,8 +55,8 @@ def load_models(config: BenchConfig, models: dict | None = None,
     """Check `config`, set its torch threads, and return (target, drafts): LoadedModels, with each
     draft spec mapped to its LoadedModel, to "ngram", or for an auto draft to one `AutoDrafter`
     (reused by every run: the engine restarts it) whose model draft is `auto_model_spec`, and a
-    llama.cpp draft or a "string:SPEC" / "tli:SPEC" draft to its drafter (restarted likewise); model drafts are checked against the
-    target's vocabulary. models: LoadedModels by spec, used
+    llama.cpp draft or a "string:SPEC" / "tli:SPEC" draft to its drafter (restarted likewise);
+    model drafts are checked against the target's vocabulary. models: LoadedModels by spec, used
     instead of loading; a spec named twice (an auto draft's model and the same model as a draft
     of its own) is loaded once."""
     from exactspec.drafters import (OTHER_VOCABULARY, AutoDrafter, is_llamacpp_spec, make_drafter,

@@ -86,14 +86,10 @@ def measure_timings(target, drafts: dict, context_ids: torch.Tensor, max_gamma: 
             continue
         if draft == NGRAM:
             seconds, how = time_ngram_draft(context_ids, 4), "one n-gram lookup (γ = 4) / 4"
-        elif other_vocabulary_method(spec):
+        elif is_llamacpp_spec(spec) or other_vocabulary_method(spec):
             log(f"timing the draft {spec} ...")
             seconds = time_drafter(draft, target, context_ids, 4)
-            how = "one proposal after a round that kept its drafts (γ = 4: 5 tokens written) / 4"
-        elif is_llamacpp_spec(spec):
-            log(f"timing the draft {spec} ...")
-            seconds = time_drafter(draft, target, context_ids, 4)
-            how = "one proposal after a round that kept its drafts (γ = 4: 4 decodes and draws) / 4"
+            how = "one proposal after a round that kept its drafts (γ = 4) / 4"
         else:
             log(f"timing the draft {spec} ...")
             own = _draft_ids(target, draft, context_ids)
@@ -115,9 +111,9 @@ def _draft_ids(target, draft, context_ids: torch.Tensor) -> torch.Tensor:
 
 
 def time_drafter(drafter, target, context_ids: torch.Tensor, gamma: int, *,
-                        repeats: int = 20, warmup: int = 3) -> float:
-    """Median seconds per drafted token of a drafter with a cache of its own (llama.cpp, string-level
-    drafts) after `context_ids` [1, L]:
+                 repeats: int = 20, warmup: int = 3) -> float:
+    """Median seconds per drafted token of a drafter with a cache of its own (llama.cpp, a draft
+    of another vocabulary) after `context_ids` [1, L]:
     rounds of `propose(γ)` through the drafter contract, each followed by a commit that keeps
     every draft, as most rounds do at this draft's α (so each round feeds the last draft and the
     bonus token in one decode, then γ − 1 drafts), divided by γ."""

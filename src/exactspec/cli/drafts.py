@@ -89,7 +89,7 @@ def _log_pairing(target, draft, name: str) -> None:
     method = describe_pair(target, draft)
     if method != SHARED:
         log(f"draft {name} has another vocabulary than {target.spec}: {method} "
-             f"(tli:{name} drafts through the token-level intersection)")
+             "(--draft tli:SPEC drafts through the token-level intersection instead)")
 
 
 def draft_name(draft) -> str:
