@@ -89,7 +89,8 @@ def test_a_pair_without_enough_shared_tokens_is_refused_with_the_reason():
                                          r"token-level intersection holds 0 of the draft's 29 ordinary"):
         es.speculative_generate(target, TLIDrafter(draft), torch.tensor([[1, 5]]), gamma=2,
                                 max_new_tokens=2)
-    out = es.speculative_generate(target, draft, torch.tensor([[1, 5]]), gamma=2, max_new_tokens=2)
+    out = es.speculative_generate(target, draft, torch.tensor([[1, 5]]), gamma=2, max_new_tokens=2,
+                                  seed=0, eos_token_id=[])
     assert out.sequences.shape == (1, 4)  # string-level drafts (the default) serve any pair
 
 
