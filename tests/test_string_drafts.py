@@ -7,7 +7,7 @@ so the draft's text reaches the target in tokens the draft cannot spell one by o
 round of the real drafter after several prompts, enumerated in float64, keeps the target's joint
 law to 1e-12 (sampled and greedy, γ 1–3, both rules); the same drafts reported as sampled from a
 spread q go red; whole generations by chi-square; greedy output row by row; the draft's context
-spells the committed text after every round; the spec, `auto` and the CLI.
+spells the committed text after every round; the spec, `auto`, the CLI, the bench and the server.
 """
 import pytest
 import torch
