@@ -59,8 +59,8 @@ def load_models(config: BenchConfig, models: dict | None = None,
     model drafts are checked against the target's vocabulary. models: LoadedModels by spec, used
     instead of loading; a spec named twice (an auto draft's model and the same model as a draft
     of its own) is loaded once."""
-    from exactspec.drafters import (OTHER_VOCABULARY, AutoDrafter, is_llamacpp_spec, make_drafter,
-                                    model_drafter, other_vocabulary_method)
+    from exactspec.drafters import (AutoDrafter, is_llamacpp_spec, make_drafter, model_drafter,
+                                    other_vocabulary_drafter, other_vocabulary_method)
     from exactspec.models import load_model
 
     config.check()
@@ -76,11 +76,9 @@ def load_models(config: BenchConfig, models: dict | None = None,
         return loaded[spec]
 
     def model_draft(spec: str):
-        method = other_vocabulary_method(spec)
-        if is_llamacpp_spec(spec) or method:  # drafters the engine restarts
-            inner = spec.split(":", 1)[1] if method else spec
-            drafter = (make_drafter(spec, target=target) if is_llamacpp_spec(inner)
-                       else OTHER_VOCABULARY[method](get(inner)))
+        if is_llamacpp_spec(spec) or other_vocabulary_method(spec):  # drafters the engine restarts
+            drafter = (make_drafter(spec, target=target) if is_llamacpp_spec(spec)
+                       else other_vocabulary_drafter(spec, target, load=get))
             drafter.bind(target, 1)
             return drafter, drafter
         model = get(spec)

@@ -68,12 +68,11 @@ def _model_draft(spec: str, target, dtype: str | None):
 def _other_vocabulary_draft(spec: str, target, dtype: str | None):
     """"string:SPEC" or "tli:SPEC": the model draft SPEC of another vocabulary, bound now, so
     that a pair its method cannot serve is refused here, and the method is said."""
-    from exactspec.drafters import OTHER_VOCABULARY, is_llamacpp_spec, make_drafter
+    from exactspec.drafters import other_vocabulary_drafter
 
-    method, inner = spec.split(":", 1)
     try:
-        drafter = (make_drafter(spec, target=target) if is_llamacpp_spec(inner)
-                   else OTHER_VOCABULARY[method.lower()](load(inner, dtype, "--draft")))
+        drafter = other_vocabulary_drafter(spec, target,
+                                           load=lambda inner: load(inner, dtype, "--draft"))
         drafter.bind(target, 1)
     except (ValueError, ImportError) as err:
         raise CliError(f"--draft: {err}") from None

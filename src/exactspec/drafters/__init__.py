@@ -16,7 +16,8 @@ from exactspec.models import INTERSECTION, load_model, pair_method, token_list_m
 
 __all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "OracleDrafter",
            "Proposal", "StringDrafter", "TLIDrafter", "default_model_draft", "default_model_spec",
-           "is_llamacpp_spec", "make_drafter", "model_drafter", "other_vocabulary_method"]
+           "is_llamacpp_spec", "make_drafter", "model_drafter", "other_vocabulary_drafter",
+           "other_vocabulary_method"]
 
 LLAMACPP = "llamacpp"
 # "METHOD:SPEC": the model draft SPEC of another vocabulary, drafting its text in the target's
@@ -44,7 +45,7 @@ def make_drafter(draft, default_model=None, target=None) -> Drafter:
             return AutoDrafter(make_drafter(model, target=target) if model is not None
                                else default_model_draft(target))
         if other_vocabulary_method(draft):
-            return _other_vocabulary_drafter(*draft.split(":", 1), target)
+            return other_vocabulary_drafter(draft, target)
         if is_llamacpp_spec(draft):
             return _llamacpp_drafter(draft[len(LLAMACPP) + 1:], target)
         return model_drafter(load_model(draft), target)
@@ -133,8 +134,10 @@ def _llamacpp_drafter(where: str, target) -> Drafter:
     return drafter
 
 
-def _other_vocabulary_drafter(method: str, spec: str, target) -> Drafter:
-    """"string:" or "tli:" + a model spec or "llamacpp:..." (`OTHER_VOCABULARY`)."""
+def other_vocabulary_drafter(spec: str, target, load=load_model) -> Drafter:
+    """"string:" or "tli:" + a model spec or "llamacpp:..." (`OTHER_VOCABULARY`); `load` turns
+    a model spec into the model (the CLI's and the bench's own loaders log and share models)."""
+    method, spec = spec.split(":", 1)
     if not spec.strip():
         raise ValueError(f"draft '{method}:' needs a model: '{method}:SPEC', e.g. "
                          f"'{method}:llamacpp:smollm2-135m-instruct'")
@@ -143,7 +146,7 @@ def _other_vocabulary_drafter(method: str, spec: str, target) -> Drafter:
 
         model = LlamaCppDrafter(_gguf_of(spec[len(LLAMACPP) + 1:], target))
     else:
-        model = load_model(spec)
+        model = load(spec)
     return OTHER_VOCABULARY[method.lower()](model)
 
 

@@ -28,7 +28,7 @@ from exactspec.models.vocab import STRING_LEVEL
 from exactspec.models.vocab_map import encode_piece, intersect
 from exactspec.sampling import SamplingConfig
 
-GREEDY = SamplingConfig(temperature=0.0)  # the draft writes its most likely text: p(x) is largest there
+GREEDY = SamplingConfig(temperature=0.0)  # the draft's most likely text: where p(x) is largest
 
 
 class StringDrafter(TLIDrafter):
@@ -39,7 +39,7 @@ class StringDrafter(TLIDrafter):
     def __init__(self, model):
         super().__init__(model)
         self.name = f"string:{self.inner.name}"
-        self.method = "string-level"
+        self.method = STRING_LEVEL
 
     def bind(self, target, total_tokens: int) -> int:
         """The target's vocabulary V_t. Any pair of tokenizers can draft this way; the texts of
@@ -53,7 +53,6 @@ class StringDrafter(TLIDrafter):
         if scored < self.map.draft_size:
             raise ValueError(f"draft {self.inner.name!r} scores only {scored} token ids, but its "
                              f"tokenizer has {self.map.draft_size}")
-        self.method = STRING_LEVEL
         return usable_vocab(target)
 
     def propose(self, gamma: int, sampling: SamplingConfig,
@@ -89,10 +88,9 @@ class StringDrafter(TLIDrafter):
         """Each row's committed tokens (its first num_accepted[b] proposals, then next_tokens[b])
         as text: the draft keeps the written tokens that spell a proper prefix of it and is fed
         the rest (`follow`)."""
-        committed = [row[:n] + [x] for row, n, x in  # padding the verifier kept counts too
-                     zip(self.drafts.tolist(), num_accepted.tolist(), next_tokens.tolist())]
-        kept, rest = zip(*(self.follow(written, self.text(tokens))
-                           for written, tokens in zip(self.written, committed)))
+        texts = self.committed_texts(self.drafts, num_accepted, next_tokens)  # kept padding too
+        kept, rest = zip(*(self.follow(written, text)
+                           for written, text in zip(self.written, texts)))
         tokens, valid = _right_aligned(list(rest), next_tokens.device)
         self.inner.commit(torch.tensor(kept, device=num_accepted.device), tokens, valid)
 
@@ -107,13 +105,17 @@ class StringDrafter(TLIDrafter):
             at, kept = at + len(piece), kept + 1
         return kept, encode_piece(self.inner.tokenizer, text[at:])
 
-    def text(self, tokens: list[int]) -> str:
-        return "".join(self.map.texts[token] for token in tokens)
+    def committed_texts(self, drafts: torch.Tensor, num_accepted: torch.Tensor,
+                        next_tokens: torch.Tensor) -> list[str]:
+        """Each row's committed text: its first num_accepted[b] of drafts[B, γ'], then
+        next_tokens[b]."""
+        return ["".join(self.map.texts[token] for token in row[:n] + [x]) for row, n, x in
+                zip(drafts.tolist(), num_accepted.tolist(), next_tokens.tolist())]
 
     def observe(self, drafts: torch.Tensor, num_accepted: torch.Tensor,
                 next_tokens: torch.Tensor) -> None:
         """A round someone else drafted (in target ids): its committed text, in the draft's ids."""
-        rows = [encode_piece(self.inner.tokenizer, self.text(row[:n] + [x])) for row, n, x in
-                zip(drafts.tolist(), num_accepted.tolist(), next_tokens.tolist())]
+        rows = [encode_piece(self.inner.tokenizer, text)
+                for text in self.committed_texts(drafts, num_accepted, next_tokens)]
         tokens, valid = _right_aligned(rows, next_tokens.device)
         self.inner.observe(tokens[:, :0], num_accepted, tokens, valid)

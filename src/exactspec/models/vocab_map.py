@@ -35,11 +35,11 @@ class VocabMap:
 
     def __init__(self, target_ids: list[int], draft_ids: list[int], target_size: int,
                  draft_size: int, texts: list[str], draft_tokenizer,
-                 draft_texts: list[str | None] | None = None):
+                 draft_texts: list[str | None]):
         self.target_ids = torch.tensor(target_ids, dtype=torch.long)  # [n]
         self.draft_ids = torch.tensor(draft_ids, dtype=torch.long)  # [n]
         self.target_size, self.draft_size, self.texts = target_size, draft_size, texts
-        self.draft_texts = draft_texts or [None] * draft_size
+        self.draft_texts = draft_texts
         self.draft_of = dict(zip(target_ids, draft_ids))
         self.target_of = torch.full((draft_size,), -1, dtype=torch.long)  # [V_d], -1 outside
         self.target_of[self.draft_ids] = self.target_ids
