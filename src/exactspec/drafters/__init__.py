@@ -13,6 +13,7 @@ from exactspec.drafters.oracle import OracleDrafter
 from exactspec.drafters.strings import StringDrafter
 from exactspec.drafters.tli import TLIDrafter
 from exactspec.models import INTERSECTION, load_model, pair_method, token_list_method, unwrap_model
+from exactspec.models.llamacpp import INVARIANT
 
 __all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "OracleDrafter",
            "Proposal", "StringDrafter", "TLIDrafter", "default_model_draft", "default_model_spec",
@@ -87,7 +88,7 @@ def default_model_spec(target_name) -> str:
     if isinstance(target_name, LoadedModel):
         target_name = target_name.spec if target_name.backend == LLAMACPP else target_name.name
     if is_llamacpp_spec(target_name):
-        named = target_name[len(LLAMACPP) + 1:].strip().lower()
+        named = target_name[len(LLAMACPP) + 1:].strip().lower().removesuffix(f"@{INVARIANT}")
         return f"{LLAMACPP}:{PAIR_DRAFT}" if named == PAIR_TARGET else LLAMACPP
     from_gguf = (target_name.lower() == BUNDLED_MODEL or packaged_model(target_name) is not None
                  or target_name.lower().endswith(".gguf"))

@@ -28,6 +28,14 @@ MAX_ROWS = 256  # llama.cpp's limit on sequences in one context (LLAMA_MAX_SEQ)
 BATCH_TOKENS = 512  # the most tokens one llama_decode call takes; longer feeds are split
 FIRST_CONTEXT = 4096  # KV cells at the start; doubled whenever the rows need more
 THREADS_ENV = "EXACTSPEC_THREADS"  # a llama.cpp target's thread count (`target_threads`)
+INVARIANT = "invariant"  # `llamacpp:NAME@invariant`: numerics that do not depend on a decode's size
+# An invariant target's passes: at most this many tokens a decode (ggml's tiled K-quant product
+# takes 8 rows and more), its KV cache in bfloat16 (ggml splits a one-token decode's attention
+# over an f16 cache of 512 cells or more across threads) and its weights not repacked (ggml's
+# repacked products switch kernels at 4 rows). docs/llamacpp.md, "Numerics that do not depend on
+# a decode's size".
+INVARIANT_TOKENS = 7
+GGML_TYPE_BF16 = 30  # ggml.h; llama-cpp-python names no constant for it
 
 
 def import_llama_cpp():
@@ -77,21 +85,24 @@ def torch_on_one_thread():
 
 
 @functools.lru_cache(maxsize=4)
-def load_gguf(path: str) -> Gguf:
-    """A GGUF file's llama.cpp model, loaded once per process."""
-    return Gguf(path)
+def load_gguf(path: str, invariant: bool = False) -> Gguf:
+    """A GGUF file's llama.cpp model, loaded once per process (once more for invariant use)."""
+    return Gguf(path, invariant)
 
 
 class Gguf:
     """A GGUF file's llama.cpp model (`llama`) and the contexts its finished users left (`idle`).
     Each user (a generation's target, a draft) runs in a context of its own, its own KV cache,
-    taken with `take_rows`."""
+    taken with `take_rows`. `invariant`: its weights not repacked and its contexts' KV caches in
+    bfloat16 with flash attention (`INVARIANT_TOKENS`)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, invariant: bool = False):
         from llama_cpp import _internals
 
-        self.llama = _internals.LlamaModel(path_model=path, verbose=False,
-                                           params=import_llama_cpp().llama_model_default_params())
+        params = import_llama_cpp().llama_model_default_params()
+        params.use_extra_bufts = not invariant
+        self.llama = _internals.LlamaModel(path_model=path, verbose=False, params=params)
+        self.invariant = invariant
         self.idle: list[Sequences] = []
         self._taking = threading.Lock()  # users in two threads take two contexts
 
@@ -106,7 +117,7 @@ class Gguf:
             if rows is not None:
                 self.idle.remove(rows)
         if rows is None:
-            rows = Sequences(self.llama, name, n_threads, vocab_size, choice)
+            rows = Sequences(self.llama, name, n_threads, vocab_size, choice, self.invariant)
         rows.name, rows.n_threads, rows.choice, rows.calls, rows.tokens_fed = name, n_threads, choice, 0, 0
         rows.clear()
         rows.set_threads(n_threads)
@@ -134,13 +145,17 @@ class LlamaCppModel:
     It holds the file and the facts `exactspec.models.loaded` reads from a model's config: its
     training context, its vocabulary size and the ids llama.cpp ends a generation on. Each
     generation runs it in a context of its own (`exactspec.targets.LlamaCppTarget`), one an
-    earlier generation left where there is one (`Gguf.take_rows`)."""
+    earlier generation left where there is one (`Gguf.take_rows`). `invariant` (the spec
+    `llamacpp:NAME@invariant`): a token's logits do not depend on the size of the decode that
+    scored it, so greedy speculative output is plain greedy output token for token, whatever γ
+    (`INVARIANT_TOKENS`)."""
 
     backend = "llamacpp"
 
-    def __init__(self, path: str | os.PathLike, name: str):
+    def __init__(self, path: str | os.PathLike, name: str, invariant: bool = False):
         self.path = Path(path).expanduser().resolve()
-        self.gguf = load_gguf(str(self.path))
+        self.invariant = invariant
+        self.gguf = load_gguf(str(self.path), invariant)
         self.llama = self.gguf.llama
         self.device = torch.device("cpu")
         # every decode of every generation on this many threads: a pass's numerics may depend on
@@ -163,8 +178,10 @@ class Sequences:
     where another process is busy, llama.cpp's threads wait for each other at every barrier
     while one of them is descheduled, and one thread can be several times faster."""
 
-    def __init__(self, model, name: str, n_threads: int, vocab_size: int, choice=None):
+    def __init__(self, model, name: str, n_threads: int, vocab_size: int, choice=None,
+                 invariant: bool = False):
         self.llama, self.model, self.name = import_llama_cpp(), model, name
+        self.invariant = invariant  # passes (every=True) of ≤ INVARIANT_TOKENS a decode
         self.n_threads, self.vocab_size, self.choice = n_threads, vocab_size, choice
         self.running = n_threads  # the context's thread count now
         self.context = None
@@ -232,7 +249,8 @@ class Sequences:
             self.running = count
 
     def decode(self, tokens: list[list[int]], every: bool = False, logits: bool = True) -> torch.Tensor:
-        """Feed tokens[b] to row b (all rows, in decodes of at most BATCH_TOKENS tokens). Returns
+        """Feed tokens[b] to row b (all rows, in decodes of at most BATCH_TOKENS tokens, or
+        INVARIANT_TOKENS for an invariant context's logits after every token). Returns
         float32 logits over the usable vocabulary: after every fed token (every=True,
         [Σ_b len(tokens[b]), V], rows in order), else after each row's last token ([B, V];
         a row given no tokens gets a row of zeros); logits=False: none ([0, V]), the tokens
@@ -241,9 +259,9 @@ class Sequences:
                    for b, row in enumerate(tokens) for i, token in enumerate(row)]
         rows = (len(entries) if every else len(tokens)) if logits else 0
         out = torch.zeros(rows, self.vocab_size)  # [n, V]
-        written = 0
-        for start in range(0, len(entries), BATCH_TOKENS):
-            chunk = entries[start: start + BATCH_TOKENS]
+        written, size = 0, INVARIANT_TOKENS if self.invariant and every else BATCH_TOKENS
+        for start in range(0, len(entries), size):
+            chunk = entries[start: start + size]
             written = self._decode_chunk(chunk, out, written, every)
         for b, row in enumerate(tokens):
             self.fed[b] += row
@@ -283,6 +301,9 @@ class Sequences:
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, BATCH_TOKENS, BATCH_TOKENS
         params.n_seq_max, params.kv_unified = MAX_ROWS, True
         params.n_threads = params.n_threads_batch = self.n_threads
+        if self.invariant:
+            params.type_k = params.type_v = GGML_TYPE_BF16
+            params.flash_attn_type = self.llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
         if self.context is not None:
             self._free_context()
         self.running = self.n_threads

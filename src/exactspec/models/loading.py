@@ -182,7 +182,7 @@ def _resolve_hub(name: str) -> bool:
 def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
     """A GGUF file as a llama.cpp target (see `load_model`): its own quantization, on the CPU,
     its tokenizer from the file."""
-    from exactspec.models.llamacpp import LlamaCppModel, import_llama_cpp
+    from exactspec.models.llamacpp import INVARIANT, LlamaCppModel, import_llama_cpp
 
     if dtype is not None:
         raise ValueError(f"dtype {dtype!r}: a llama.cpp target runs its GGUF file's own "
@@ -192,16 +192,31 @@ def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
     if placed:
         raise ValueError("tp, device_map, max_memory and offload_folder place torch weights; "
                          "a llama.cpp target has none (backend='llamacpp')")
-    gguf = gguf_path(name)
+    file, invariant = _invariant_option(name)
+    gguf = gguf_path(file)
     if gguf is None:
-        raise _unknown_model(name, "a llama.cpp target needs a packaged name or a .gguf file")
-    if gguf != Path(name).expanduser():  # a packaged name, not a file's path
-        name = name.strip().lower()
+        raise _unknown_model(file, "a llama.cpp target needs a packaged name or a .gguf file")
+    if gguf != Path(file).expanduser():  # a packaged name, not a file's path
+        file = file.strip().lower()
     import_llama_cpp()  # ImportError with the install line, before any file is read
     with gguf_errors(gguf):
-        model = LlamaCppModel(gguf, name)
+        model = LlamaCppModel(gguf, file, invariant)
+    name = f"{file}@{INVARIANT}" if invariant else file
     return LoadedModel(model=model, tokenizer=gguf_tokenizer(gguf), name=name, dtype=torch.float32,
                        device=torch.device("cpu"), backend="llamacpp")
+
+
+def _invariant_option(name: str) -> tuple[str, bool]:
+    """A llama.cpp target's spec NAME_OR_PATH[@invariant] → (NAME_OR_PATH, invariant)."""
+    from exactspec.models.llamacpp import INVARIANT
+
+    file, at, option = name.rpartition("@")
+    if not at or Path(name).expanduser().exists():
+        return name, False
+    if option.strip().lower() != INVARIANT:
+        raise ValueError(f"llamacpp:{name!r}: a llama.cpp target takes no dtype; its one option is "
+                         f"@{INVARIANT} (numerics that do not depend on a decode's size), got @{option}")
+    return file, True
 
 
 # --- loading ------------------------------------------------------------------------------------
