@@ -233,6 +233,74 @@ def section(path: Path, result: dict, date: str | None, command: str | None) -> 
     return lines
 
 
+# --------------------------------------------------------------------------- --summary
+
+NGRAM_TYPES = ("ngram-mod", "ngram-simple", "ngram-cache")  # llama-server's own n-gram drafts
+SHORT = {"ngram": "lookup", "auto": "auto", "oracle": "oracle"}
+
+
+def label(row: dict) -> str | None:
+    """The summary's column of a row, or None for the baseline (llama.cpp plain)."""
+    method, draft = row.get("method"), row.get("draft") or ""
+    if method == "autoregressive":
+        return "exactspec plain"
+    if method == "llamacpp":
+        return None
+    if method == "llama_server":
+        if not draft:
+            return "llama-server plain"
+        return "best llama-server n-gram" if draft in NGRAM_TYPES else "best llama-server draft"
+    name = SHORT.get(draft.split(":")[0] if draft.startswith("auto:") else draft,
+                     draft.removeprefix("llamacpp:"))
+    return f"{name}, γ {row.get('gamma')}"
+
+
+def ratio(row: dict) -> float | None:
+    value = row.get("speedup_vs_llamacpp")
+    return row.get("speedup_vs_autoregressive") if value is None else value
+
+
+def summary_cell(rows: list[dict]) -> str:
+    """The best of a column's rows (several for a "best ..." column), its draft named when there
+    were several, † when its greedy text differs from plain decoding's."""
+    rows = [r for r in rows if ratio(r) is not None]
+    if not rows:
+        return MISSING
+    best = max(rows, key=ratio)
+    draft = str(best.get("draft")).removeprefix("llamacpp:")
+    name = f" ({draft}" + (f", n-max {best['gamma']})" if best.get("gamma") else ")")
+    mark = "†" if best.get("matches_autoregressive") is False else ""
+    return f"{ratio(best):.2f}×{mark}" + (name if len(rows) > 1 else "")
+
+
+def bound(plain: dict | None, ceiling: dict | None) -> str:
+    """The most any draft could give end to end, in the summary's unit: exactspec plain's time
+    over that time with its prefill as it was and its decode at the ceiling's speed, times
+    exactspec plain's own ratio."""
+    if not plain or not ceiling or plain.get("time_to_first_token") is None or ratio(plain) is None:
+        return MISSING
+    wall, first = plain["wall_seconds"], plain["time_to_first_token"]
+    return f"{ratio(plain) * wall / (first + (wall - first) / ceiling['speedup']):.2f}×"
+
+
+def summary(result: dict) -> list[str]:
+    """One line per (prompts, temperature): llama.cpp plain's tokens/s, then each configuration
+    as × llama.cpp plain (× exactspec plain without llama.cpp rows), and the end-to-end bound."""
+    rows = result["rows"]
+    columns = list(dict.fromkeys(label(r) for r in rows if label(r) is not None))
+    keys = list(dict.fromkeys((r.get("temperature"), r.get("prompts")) for r in rows))
+    lines = ["| prompts | T | llama.cpp plain tok/s | " + " | ".join(columns) + " | bound |",
+             "| " + " | ".join("---" for _ in range(len(columns) + 4)) + " |"]
+    for t, prompts in keys:
+        group = [r for r in rows if (r.get("temperature"), r.get("prompts")) == (t, prompts)]
+        base = next((r for r in group if r.get("method") == "llamacpp"), {})
+        plain = next((r for r in group if r.get("method") == "autoregressive"), None)
+        cells = [summary_cell([r for r in group if label(r) == c]) for c in columns]
+        lines.append(f"| {text(prompts)} | {temperature(t)} | {number(base.get('tokens_per_s'), '{:.1f}')} | "
+                     + " | ".join(cells) + f" | {bound(plain, result.get('ceiling'))} |")
+    return lines
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -268,12 +336,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--date", action="append", help="the day the run was made (once, or once per file)")
     parser.add_argument("--command", action="append",
                         help="the command that made the file (once, or once per file)")
+    parser.add_argument("--summary", action="store_true",
+                        help="one line per prompt kind and temperature, a column per configuration "
+                             "(× llama.cpp plain), and the end-to-end bound")
     args = parser.parse_args(argv)
     try:
         dates = per_file(args.date, len(args.files), "--date")
         commands = per_file(args.command, len(args.files), "--command")
-        sections = [section(path, read_result(path), date, command)
-                    for path, date, command in zip(args.files, dates, commands)]
+        if args.summary:
+            sections = [summary(read_result(path)) for path in args.files]
+        else:
+            sections = [section(path, read_result(path), date, command)
+                        for path, date, command in zip(args.files, dates, commands)]
     except DocError as err:
         print(f"benchmarks_doc: error: {err}", file=sys.stderr)
         return 2

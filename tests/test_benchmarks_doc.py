@@ -91,6 +91,28 @@ def test_one_table_line_per_row_with_its_fields(result_file):
     assert result["machine"]["cpu_model"] in done.stdout
 
 
+def test_summary_a_line_per_kind_and_temperature_a_column_per_configuration(result_file):
+    path, result = result_file
+    done = run_script(str(path), "--summary")
+    assert done.returncode == 0, done.stderr
+    header = [c.strip() for c in done.stdout.splitlines()[0].strip("|").split("|")]
+    assert header == ["prompts", "T", "llama.cpp plain tok/s", "exactspec plain", "lookup, γ 2",
+                      "lookup, γ auto", "bound"]
+    lines = table_lines(done.stdout)
+    assert [(line[0], line[1]) for line in lines] == [("open", "0"), ("grounded", "0"),
+                                                      ("open", "1"), ("grounded", "1")]
+    for line in lines:
+        got = dict(zip(header, line))
+        rows = {(r["draft"], r["gamma"]): r for r in result["rows"]
+                if (r["prompts"], f"{r['temperature']:g}") == (got["prompts"], got["T"])}
+        assert got["exactspec plain"] == "1.00×"
+        assert got["lookup, γ 2"].rstrip("†") == f"{rows[('ngram', 2)]['speedup_vs_autoregressive']:.2f}×"
+        assert got["llama.cpp plain tok/s"] == "–"  # no llama.cpp rows here
+        plain = rows[(None, None)]  # the bound: the prefill as it was, every decode step at 4.50×
+        wall, first = plain["wall_seconds"], plain["time_to_first_token"]
+        assert got["bound"] == f"{wall / (first + (wall - first) / 4.5):.2f}×"
+
+
 def test_says_what_the_json_lacks(result_file):
     path, _ = result_file
     done = run_script(str(path), str(path))

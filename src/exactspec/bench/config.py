@@ -129,7 +129,7 @@ def auto_model_spec(draft: str, target: str) -> str:
     from exactspec.drafters import default_model_spec
 
     spec = draft[len(AUTO) + 1:] if draft.startswith(f"{AUTO}:") else ""
-    return spec or default_model_spec(parse_model_spec(target)[0])
+    return spec or default_model_spec(target if is_llamacpp_spec(target) else parse_model_spec(target)[0])
 
 
 def pair_settings(backend: str = "torch") -> dict:

@@ -230,7 +230,8 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
     backend: "torch" (default; a Hugging Face model, GGUF files dequantized to float) or
     "llamacpp" (a GGUF file — a packaged name or a path — run by llama.cpp in its own
     quantization, on the CPU: a target for `speculative_generate`; no dtype, device_map or tp).
-    The spec ``llamacpp:NAME_OR_PATH`` means backend="llamacpp".
+    The spec ``llamacpp:NAME_OR_PATH`` means backend="llamacpp"; ``llamacpp:NAME_OR_PATH@invariant``
+    a llama.cpp target whose logits do not depend on a decode's size (`models.llamacpp.INVARIANT`).
 
     dtype: "float32" (default), "bfloat16" or "float16"; may also come from the spec's ``@DTYPE``
     (giving both with different values is an error). device: "cpu" or "cuda" (default: cuda when
