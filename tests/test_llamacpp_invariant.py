@@ -54,17 +54,23 @@ def test_an_invariant_targets_logits_do_not(invariant, k):
     assert torch.equal(one, many), f"k={k}: max difference {(one - many).abs().max():.3g}"
 
 
-@pytest.mark.parametrize("draft, gamma", [("ngram", "auto"), ("ngram", 9), ("llamacpp", 3)])
-def test_greedy_speculative_output_is_plain_decodings_token_for_token(invariant, draft, gamma):
+@pytest.fixture(scope="module")
+def greedy(invariant):
+    """The prompt and its plain greedy decoding."""
     prompt = encode_prompt(invariant, TEXT)
     assert prompt.size(1) > 256  # past 256 cached tokens, where the default target splits
-    plain = autoregressive_generate(invariant, prompt, max_new_tokens=64, temperature=0)
+    return prompt, autoregressive_generate(invariant, prompt, max_new_tokens=64, temperature=0)
+
+
+@pytest.mark.parametrize("draft, gamma", [("ngram", "auto"), ("ngram", 9), ("llamacpp", 3)])
+def test_greedy_speculative_output_is_plain_decodings_token_for_token(invariant, greedy, draft, gamma):
+    prompt, plain = greedy
     out = speculative_generate(invariant, draft, prompt, gamma=gamma, max_new_tokens=64, temperature=0)
     assert out.stats.drafted_tokens > 0
     assert out.sequences.tolist() == plain.sequences.tolist()
 
 
-def test_a_seed_names_one_text_whatever_the_draft(invariant):
+def test_a_seed_names_plain_decodings_text_under_the_coupled_rule(invariant):
     prompt = encode_prompt(invariant, TEXT)
     plain = autoregressive_generate(invariant, prompt, max_new_tokens=48, temperature=0.8, seed=3)
     out = speculative_generate(invariant, "ngram", prompt, gamma=9, max_new_tokens=48,
