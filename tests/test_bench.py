@@ -308,6 +308,8 @@ def test_auto_draft_shares_the_bf16_model_loaded_once(monkeypatch):
     assert drafts["auto:tiny-draft"].model.model is models["tiny-draft"].model
     assert auto_model_spec("auto", "some-model@float16") == "some-model@bfloat16"
     assert auto_model_spec("auto:d@float32", "t") == "d@float32"
+    for target in ("llamacpp:qwen2.5-coder-1.5b-instruct", "llamacpp:qwen2.5-coder-1.5b-instruct@invariant"):
+        assert auto_model_spec("auto", target) == "llamacpp:qwen2.5-coder-0.5b-instruct"  # the pair's draft
 
 
 @pytest.mark.parametrize("installed", [True, False])

@@ -84,9 +84,13 @@ def torch_on_one_thread():
         torch.set_num_threads(threads)
 
 
-@functools.lru_cache(maxsize=4)
 def load_gguf(path: str, invariant: bool = False) -> Gguf:
     """A GGUF file's llama.cpp model, loaded once per process (once more for invariant use)."""
+    return _loaded_gguf(path, invariant)  # one cache key however the caller passes `invariant`
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_gguf(path: str, invariant: bool) -> Gguf:
     return Gguf(path, invariant)
 
 
