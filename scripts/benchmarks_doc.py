@@ -250,9 +250,8 @@ def label(row: dict) -> str | None:
         if not draft:
             return "llama-server plain"
         return "best llama-server n-gram" if draft in NGRAM_TYPES else "best llama-server draft"
-    name = SHORT.get(draft.split(":")[0] if draft.startswith("auto:") else draft,
-                     draft.removeprefix("llamacpp:"))
-    return f"{name}, γ {row.get('gamma')}"
+    short = SHORT.get("auto" if draft.startswith("auto:") else draft, draft.removeprefix("llamacpp:"))
+    return f"{short}, γ {row.get('gamma')}"
 
 
 def ratio(row: dict) -> float | None:

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from exactspec.bench.llama_peers import NGRAM_TYPES as LLAMA_NGRAM_TYPES
 from exactspec.controller import AUTO, MAX_GAMMA
 from exactspec.drafters import is_llamacpp_spec, other_vocabulary_method
-from exactspec.models import BUNDLED_MODEL, parse_model_spec
+from exactspec.models import BUNDLED_MODEL
 from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET
 
 METHODS = ("autoregressive", "speculative", "hf_generate", "hf_assisted", "llamacpp", "llama_server")
@@ -129,7 +129,7 @@ def auto_model_spec(draft: str, target: str) -> str:
     from exactspec.drafters import default_model_spec
 
     spec = draft[len(AUTO) + 1:] if draft.startswith(f"{AUTO}:") else ""
-    return spec or default_model_spec(target if is_llamacpp_spec(target) else parse_model_spec(target)[0])
+    return spec or default_model_spec(target)
 
 
 def pair_settings(backend: str = "torch") -> dict:

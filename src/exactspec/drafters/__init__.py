@@ -76,13 +76,13 @@ def is_llamacpp_spec(spec) -> bool:
 
 
 def default_model_spec(target_name) -> str:
-    """The spec of a target's default model draft, from the target's name (or its LoadedModel):
+    """The spec of a target's default model draft, from the target's spec (or its LoadedModel):
     for a llama.cpp target ("llamacpp:NAME"), the real pair's 0.5B through llama.cpp when the
     target is its 1.5B, else its own file; for a torch target, "llamacpp" (its own file through
     llama.cpp) for the bundled model or a `.gguf` file when llama-cpp-python is installed, else
     its weights in bfloat16 ("NAME@bfloat16"). `default_model_draft` makes the same choice for
     a target already loaded."""
-    from exactspec.models import BUNDLED_MODEL, LoadedModel
+    from exactspec.models import BUNDLED_MODEL, LoadedModel, parse_model_spec
     from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET, packaged_model
 
     if isinstance(target_name, LoadedModel):
@@ -90,6 +90,7 @@ def default_model_spec(target_name) -> str:
     if is_llamacpp_spec(target_name):
         named = target_name[len(LLAMACPP) + 1:].strip().lower().removesuffix(f"@{INVARIANT}")
         return f"{LLAMACPP}:{PAIR_DRAFT}" if named == PAIR_TARGET else LLAMACPP
+    target_name = parse_model_spec(target_name)[0]  # a torch target's spec may name a dtype
     from_gguf = (target_name.lower() == BUNDLED_MODEL or packaged_model(target_name) is not None
                  or target_name.lower().endswith(".gguf"))
     return LLAMACPP if from_gguf and llamacpp_available() else f"{target_name}@bfloat16"

@@ -20,6 +20,7 @@ import torch
 from exactspec.models.conversion import (CACHE_FORMAT, cache_root, cached_conversion, gguf_cache_key,
                                          gguf_errors, gguf_meta, gguf_tokenizer)
 from exactspec.models.huggingface import has_tokenizer, load_hf, placement_arguments
+from exactspec.models.llamacpp import INVARIANT
 from exactspec.models.loaded import LoadedModel, input_device
 from exactspec.models.packaged import PACKAGED_MODELS, assemble, installed_files, packaged_model
 
@@ -182,7 +183,7 @@ def _resolve_hub(name: str) -> bool:
 def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
     """A GGUF file as a llama.cpp target (see `load_model`): its own quantization, on the CPU,
     its tokenizer from the file."""
-    from exactspec.models.llamacpp import INVARIANT, LlamaCppModel, import_llama_cpp
+    from exactspec.models.llamacpp import LlamaCppModel, import_llama_cpp
 
     if dtype is not None:
         raise ValueError(f"dtype {dtype!r}: a llama.cpp target runs its GGUF file's own "
@@ -207,11 +208,10 @@ def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
 
 
 def _invariant_option(name: str) -> tuple[str, bool]:
-    """A llama.cpp target's spec NAME_OR_PATH[@invariant] → (NAME_OR_PATH, invariant)."""
-    from exactspec.models.llamacpp import INVARIANT
-
+    """A llama.cpp target's spec NAME_OR_PATH[@invariant] → (NAME_OR_PATH, invariant); the text
+    after the last "@" is read as `parse_model_spec` reads a dtype."""
     file, at, option = name.rpartition("@")
-    if not at or Path(name).expanduser().exists():
+    if not at or "/" in option or os.sep in option or Path(name).expanduser().exists():
         return name, False
     if option.strip().lower() != INVARIANT:
         raise ValueError(f"llamacpp:{name!r}: a llama.cpp target takes no dtype; its one option is "
