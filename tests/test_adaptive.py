@@ -192,6 +192,46 @@ def test_controller_drafts_long_blocks_when_drafts_are_free_and_kept():
     assert controller.choose("ngram") == MAX_GAMMA  # the longest block anyone may ask for
 
 
+def test_a_size_not_seen_is_priced_to_be_tried():
+    """pricing.between: a size not seen costs the size below plus PRIOR_SLOPE per token unless
+    the line to the size above is cheaper; below the sizes seen, the size above less the slope."""
+    from exactspec.pricing import PRIOR_SLOPE, between
+
+    seen = {1: 0.030, 8: 0.220, 33: 0.500}
+    slope = PRIOR_SLOPE * 0.030
+    assert between(seen, 16) == pytest.approx(0.220 + 8 * slope)  # the line would say 0.310
+    assert between({1: 0.030, 8: 0.220, 9: 0.225}, 2) == pytest.approx(0.030 + slope)
+    assert between({1: 0.030, 3: 0.031}, 2) == pytest.approx(0.0305)  # the line is cheaper
+    assert between(seen, 40) == pytest.approx(0.500 + 7 * slope)
+    assert between({4: 0.100}, 2) == pytest.approx(0.100 - 2 * PRIOR_SLOPE * 0.100)
+
+
+def test_controller_finds_a_long_pass_that_costs_less_than_a_shorter_one():
+    """On llama.cpp's CPU kernels T(k) is not monotone (the Qwen 1.5B: T(12) 0.279 s, T(16)
+    0.265 s, T(33) 0.491 s): at α near 1 an unseen size is tried, and once measured the
+    controller settles on the cheap one."""
+    curve = {1: 0.0325, 2: 0.059, 3: 0.082, 4: 0.102, 5: 0.123, 6: 0.143, 7: 0.166, 8: 0.222,
+             9: 0.236, 10: 0.254, 11: 0.267, 12: 0.279, 13: 0.296, 14: 0.314, 15: 0.324,
+             16: 0.265, 17: 0.313}
+    curve.update({k: 0.313 + 0.0125 * (k - 17) for k in range(18, 34)})
+    curve[32] = 0.449
+    controller = GammaController()
+    plain_steps(controller, curve[1])
+    tried = []
+    for _ in range(60):
+        gamma = controller.choose("ngram")
+        tried.append(gamma)
+        controller.observe("ngram", gamma, torch.tensor([gamma]), gamma + 1, 0.0001, curve[gamma + 1])
+    assert 15 in tried[:40] and tried[-10:] == [31] * 10  # T(32): 32 tokens at 0.449 s
+    del curve[32]
+    controller = GammaController(max_gamma=20)
+    plain_steps(controller, curve[1])
+    for _ in range(40):
+        gamma = controller.choose("ngram")
+        controller.observe("ngram", gamma, torch.tensor([gamma]), gamma + 1, 0.0001, curve[gamma + 1])
+    assert controller.choose("ngram") == 15  # T(16): 16 tokens at 0.265 s, below T(12)
+
+
 def test_a_slow_first_pass_does_not_stop_drafting_for_good():
     """A first call's one-time set-up (here a 5 s two-token pass) is an upward outlier: a k-token
     pass slower than k one-token passes is set aside, so free drafts still get drafted."""

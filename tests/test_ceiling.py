@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from exactspec import costmodel
-from exactspec.bench.ceiling import ORACLE, measured_ceiling, oracle_gamma
+from exactspec.bench.ceiling import ORACLE, ceiling_gamma, measured_ceiling, oracle_gamma
 from exactspec.bench.config import BenchConfig, BenchPrompt
 from exactspec.bench.run import run_benchmark
 from exactspec.cli import main
@@ -61,6 +61,15 @@ def test_measured_ceiling_and_the_oracle_gamma():
     assert oracle_gamma({"k": 1}) == 1
     with pytest.raises(ValueError, match=r"1..K tokens, got \[1, 3\]"):
         measured_ceiling({"target": [{"tokens": 1, "seconds": 1.0}, {"tokens": 3, "seconds": 2.0}]})
+
+
+def test_the_ceiling_covers_every_block_that_gamma_auto_may_choose():
+    """With γ = auto the timings run to MAX_GAMMA + 1 tokens (a long pass can cost less than a
+    shorter one); with fixed γ only, to the curves' largest γ + 1."""
+    from exactspec.controller import MAX_GAMMA
+
+    assert ceiling_gamma(["auto", 4], 8) == MAX_GAMMA
+    assert ceiling_gamma([4, 12], 12) == 12
 
 
 def test_t_k_measured_on_the_bundled_model(bundled_pair):

@@ -129,9 +129,10 @@ class GammaController(Controller):
                     sum(1 for tau, n in pairs if tau < n or n == 0))
 
     def _check_price(self, source: str, width: int, target_tokens: int, seconds: float) -> None:
-        """A drafting round that cost more than _RECHECK times its price re-times T(1)."""
+        """A drafting round that cost more than _RECHECK times its price re-times T(1); not one
+        whose pass size had not been seen (its price was a guess, `pricing.between`)."""
         cost = self.draft_seconds(source)
-        if target_tokens <= 0 or cost is None or not self.plain_timed():
+        if target_tokens not in self.target or cost is None or not self.plain_timed():
             return
         price = width * cost + self.target_seconds(target_tokens)
         if seconds > _RECHECK * price:

@@ -39,15 +39,19 @@ def pass_estimates(passes: dict[int, list[float]]) -> dict[int, float]:
 
 
 def between(seen: dict[int, float], k: int) -> float:
-    """T(k) for a k not seen, from the (size, seconds) seen: a line between the nearest sizes on
-    either side; past them each further token costs PRIOR_SLOPE of the cheapest pass. Not a line
-    through all sizes: on a CPU a pass of 2 or 3 tokens can cost more than one of 4 to 8 (other
-    matrix kernels), and such a fit would price long blocks far too high."""
+    """T(k) for a k not seen, from the (size, seconds) seen, priced to be tried: the nearest size
+    below plus PRIOR_SLOPE of the cheapest pass per further token, unless the line to the nearest
+    size above is cheaper. Not a line through all sizes: on a CPU, pass times are not monotone
+    in k (llama.cpp's kernels take some sizes in tiles: on the Qwen 1.5B a pass of 16 tokens cost
+    less than one of 12, docs/drafting.md), so a size is known only once it has run; priced low,
+    it runs when a round at high α would want it, and from then on at its measured cost. Below
+    the sizes seen, the nearest above less PRIOR_SLOPE per token."""
     below = max((s for s in seen if s < k), default=None)
     above = min((s for s in seen if s > k), default=None)
-    if below is not None and above is not None:
-        return seen[below] + (seen[above] - seen[below]) * (k - below) / (above - below)
     per_token = PRIOR_SLOPE * min(seen.values())
-    if below is not None:
-        return seen[below] + per_token * (k - below)
-    return max(seen[above] - per_token * (above - k), per_token)
+    if below is None:
+        return max(seen[above] - per_token * (above - k), per_token)
+    hopeful = seen[below] + per_token * (k - below)
+    if above is None:
+        return hopeful
+    return min(hopeful, seen[below] + (seen[above] - seen[below]) * (k - below) / (above - below))

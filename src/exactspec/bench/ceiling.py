@@ -1,8 +1,8 @@
 """The machine's ceiling and the oracle row.
 
 - The ceiling (`measured_ceiling`): from the target's pass times T(1..K) that the cost model
-  measures already (`exactspec.bench.timing.measure_timings`, K = the largest γ of the curves
-  + 1), max over k of k · T(1) / T(k) (`costmodel.ceiling`): the speedup over plain decoding
+  measures already (`exactspec.bench.timing.measure_timings`, K = `ceiling_gamma` + 1), max
+  over k of k · T(1) / T(k) (`costmodel.ceiling`): the speedup over plain decoding
   of a round that keeps every draft at no draft cost, the most any draft can give here.
 - share_of_ceiling (`add_shares`): each row's speedup over exactspec's plain decoding (the ×AR
   column) divided by the ceiling.
@@ -16,11 +16,18 @@ from __future__ import annotations
 from typing import Callable
 
 from exactspec import costmodel
-from exactspec.bench.config import BenchConfig, RunSpec
+from exactspec.bench.config import AUTO, BenchConfig, RunSpec
 from exactspec.controller import MAX_GAMMA
 from exactspec.drafters.oracle import ORACLE, OracleDrafter  # noqa: F401 (the bench's names)
 
 ORACLE_LABEL = "oracle (target's own greedy tokens)"
+
+
+def ceiling_gamma(gammas, curve_max: int) -> int:
+    """The longest block the timings cover: MAX_GAMMA where γ = auto runs (its controller may
+    choose any block up to it, and on a CPU a long pass can cost less than a shorter one: on the
+    Qwen 1.5B through llama.cpp T(16) < T(12)), else the curves' `curve_max`."""
+    return MAX_GAMMA if AUTO in gammas else curve_max
 
 
 def measured_ceiling(timings: dict) -> dict:

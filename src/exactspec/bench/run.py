@@ -28,8 +28,9 @@ import torch
 from exactspec.bench.config import (CURVE_MIN_GAMMA, LLAMA_METHODS, NGRAM, WARMUP_TOKENS,
                                     BenchConfig, RunSpec, auto_model_spec, fixed_gammas,
                                     is_auto_draft, plan)
-from exactspec.bench.ceiling import (ORACLE, OracleDrafter, add_shares, measured_ceiling,
-                                     oracle_gamma, oracle_specs, reference_continuations)
+from exactspec.bench.ceiling import (ORACLE, OracleDrafter, add_shares, ceiling_gamma,
+                                     measured_ceiling, oracle_gamma, oracle_specs,
+                                     reference_continuations)
 from exactspec.bench.curves import build_costmodel
 from exactspec.bench.machine import load_average, machine_info
 from exactspec.bench.mix import with_first_replies
@@ -168,7 +169,8 @@ def _run(config, target, drafts, llama, timings, log, started, trace=None) -> di
         context = int(statistics.median(ids.size(1) for ids in prompt_ids)) \
             + config.max_new_tokens // 2
         context_ids = context_from_prompts(prompt_ids, context)
-        timings = measure_timings(target, drafts, context_ids, curve_max, log)
+        timings = measure_timings(target, drafts, context_ids,
+                                  ceiling_gamma(config.gammas, curve_max), log)
     ceiling = measured_ceiling(timings)
     specs = plan(config)
     if config.oracle:
