@@ -1,0 +1,110 @@
+"""Prompt lookup (γ auto) against plain decoding on the task mix, interleaved per prompt
+(docs/drafting.md, "Pass sizes").
+
+For every prompt of the chosen categories (`exactspec bench --workload mix:N`'s, chat-2's first
+turns answered by plain greedy decoding first), PASSES + 1 passes (the first warms up), each
+running plain decoding and the lookup configurations in a rotating order; EOS honoured. Prints
+each category's total seconds of plain decoding and every configuration's ratio over it; at
+T = 0 also the prompts whose text differs from plain's (a near-tie on llama.cpp's default
+kernels, docs/llamacpp.md).
+
+--linear-pricing adds a configuration "linear": the γ controller as it was before 2026-12-07
+(an unseen pass size priced on the line between the sizes seen; a round dearer than 1.5 times
+its price re-times T(1) even when its size was a guess). Each lookup configuration has a target
+memory of its own, so timings learnt by one do not price the other's rounds.
+
+usage: python scripts/mix_interleaved.py [--per-category 4] [--categories code-edit,chat-2]
+       [--tokens 128] [--passes 2] [--temperature 0] [--target SPEC] [--linear-pricing]
+"""
+import argparse
+import collections
+import dataclasses
+import time
+
+from exactspec import controller, pricing
+from exactspec.bench import mix
+from exactspec.engine import autoregressive_generate, speculative_generate
+from exactspec.models import encode_prompt, load_model
+from exactspec.models.loaded import Memory
+
+
+def linear_between(seen, k):
+    """pricing.between before 2026-12-07: the line between the nearest sizes seen."""
+    below = max((s for s in seen if s < k), default=None)
+    above = min((s for s in seen if s > k), default=None)
+    if below is not None and above is not None:
+        return seen[below] + (seen[above] - seen[below]) * (k - below) / (above - below)
+    per_token = pricing.PRIOR_SLOPE * min(seen.values())
+    if below is not None:
+        return seen[below] + per_token * (k - below)
+    return max(seen[above] - per_token * (above - k), per_token)
+
+
+def linear_check_price(self, source, width, target_tokens, seconds):
+    """GammaController._check_price before 2026-12-07: a guessed size's round re-timed T(1) too."""
+    cost = self.draft_seconds(source)
+    if target_tokens <= 0 or cost is None or not self.plain_timed():
+        return
+    if seconds > controller._RECHECK * (width * cost + self.target_seconds(target_tokens)):
+        self.target.pop(1, None)
+
+
+PRICING = {"lookup": (pricing.between, controller.GammaController._check_price),
+           "linear": (linear_between, linear_check_price)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--per-category", type=int, default=4)
+    parser.add_argument("--categories", default="code-edit,chat-2,summarization,qa")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--target", default="llamacpp:qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--linear-pricing", action="store_true")
+    args = parser.parse_args()
+    categories = args.categories.split(",")
+    unknown = sorted(set(categories) - set(mix.CATEGORIES))
+    if unknown:
+        parser.error(f"--categories: unknown {unknown}; known: {', '.join(mix.CATEGORIES)}")
+
+    target = load_model(args.target)
+    kinds = ["plain", "lookup"] + (["linear"] if args.linear_pricing else [])
+    memories = {kind: dataclasses.replace(target, memory=Memory()) for kind in kinds[1:]}
+    prompts = [p for p in mix.workload_prompts(f"mix:{args.per_category}") if p.kind in categories]
+    prompts = mix.answer_first_turns(prompts, mix.greedy_reply(target, args.tokens))
+    eos = target.tokenizer.eos_token_id
+
+    def run(kind, ids, seed):
+        started = time.perf_counter()
+        if kind == "plain":
+            out = autoregressive_generate(target, ids, max_new_tokens=args.tokens, seed=seed,
+                                          temperature=args.temperature, eos_token_id=eos)
+        else:
+            controller.between, controller.GammaController._check_price = PRICING[kind]
+            out = speculative_generate(memories[kind], "ngram", ids, gamma="auto", seed=seed,
+                                       max_new_tokens=args.tokens, temperature=args.temperature,
+                                       eos_token_id=eos)
+        return time.perf_counter() - started, out.sequences[0, ids.size(1):].tolist()
+
+    seconds, differ = collections.defaultdict(float), collections.Counter()
+    for n in range(args.passes + 1):
+        for i, prompt in enumerate(prompts):
+            ids = encode_prompt(target, prompt.text, reply_start=prompt.reply_start,
+                                history=prompt.history)
+            texts = {}
+            for kind in kinds[n % len(kinds):] + kinds[:n % len(kinds)]:
+                spent, texts[kind] = run(kind, ids, i)
+                seconds[prompt.kind, kind] += spent if n else 0.0
+            if n and args.temperature == 0:
+                differ[prompt.kind] += sum(texts[k] != texts["plain"] for k in kinds[1:])
+        print(f"pass {n}/{args.passes} done" + (" (warm-up)" if n == 0 else ""), flush=True)
+    for category in categories:
+        plain = seconds[category, "plain"]
+        ratios = "  ".join(f"{kind} {plain / seconds[category, kind]:.3f}×" for kind in kinds[1:])
+        note = f"  ({differ[category]} texts differ from plain's)" if differ[category] else ""
+        print(f"{category:14s} plain {plain:6.1f} s  {ratios}{note}")
+
+
+if __name__ == "__main__":
+    main()
