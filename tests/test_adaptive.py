@@ -207,9 +207,9 @@ def test_a_size_not_seen_is_priced_to_be_tried():
 
 
 def test_controller_finds_a_long_pass_that_costs_less_than_a_shorter_one():
-    """On llama.cpp's CPU kernels T(k) is not monotone (the Qwen 1.5B: T(12) 0.279 s, T(16)
-    0.265 s, T(33) 0.491 s): at α near 1 an unseen size is tried, and once measured the
-    controller settles on the cheap one."""
+    """On llama.cpp's CPU kernels T(k) is not monotone (a curve shaped like the Qwen 1.5B's on a
+    2-core EPYC, docs/drafting.md: T(16) below T(12), T(32) below T(31)): at α near 1 an unseen
+    size is tried, and once measured the controller settles on the cheap one."""
     curve = {1: 0.0325, 2: 0.059, 3: 0.082, 4: 0.102, 5: 0.123, 6: 0.143, 7: 0.166, 8: 0.222,
              9: 0.236, 10: 0.254, 11: 0.267, 12: 0.279, 13: 0.296, 14: 0.314, 15: 0.324,
              16: 0.265, 17: 0.313}
