@@ -13,7 +13,6 @@ from exactspec.drafters.oracle import OracleDrafter
 from exactspec.drafters.strings import StringDrafter
 from exactspec.drafters.tli import TLIDrafter
 from exactspec.models import INTERSECTION, load_model, pair_method, token_list_method, unwrap_model
-from exactspec.models.llamacpp import INVARIANT
 
 __all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "OracleDrafter",
            "Proposal", "StringDrafter", "TLIDrafter", "default_model_draft", "default_model_spec",
@@ -82,13 +81,13 @@ def default_model_spec(target_name) -> str:
     llama.cpp) for the bundled model or a `.gguf` file when llama-cpp-python is installed, else
     its weights in bfloat16 ("NAME@bfloat16"). `default_model_draft` makes the same choice for
     a target already loaded."""
-    from exactspec.models import BUNDLED_MODEL, LoadedModel, parse_model_spec
+    from exactspec.models import BUNDLED_MODEL, LoadedModel, invariant_option, parse_model_spec
     from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET, packaged_model
 
     if isinstance(target_name, LoadedModel):
         target_name = target_name.spec if target_name.backend == LLAMACPP else target_name.name
     if is_llamacpp_spec(target_name):
-        named = target_name[len(LLAMACPP) + 1:].strip().lower().removesuffix(f"@{INVARIANT}")
+        named = invariant_option(target_name[len(LLAMACPP) + 1:])[0].strip().lower()
         return f"{LLAMACPP}:{PAIR_DRAFT}" if named == PAIR_TARGET else LLAMACPP
     target_name = parse_model_spec(target_name)[0]  # a torch target's spec may name a dtype
     from_gguf = (target_name.lower() == BUNDLED_MODEL or packaged_model(target_name) is not None

@@ -17,7 +17,8 @@ from exactspec.models.loaded import (
 from exactspec.models.conversion import cache_root
 from exactspec.models.loading import (
     BUNDLED_MODEL, BUNDLED_PACKAGE, BUNDLED_PACKAGE_VERSION, DTYPES, BundledModelMissing,
-    bundled_gguf_path, load_model, parse_model_spec, resolve_device, resolve_dtype,
+    bundled_gguf_path, invariant_option, load_model, parse_model_spec, resolve_device,
+    resolve_dtype,
 )
 from exactspec.models.vocab import (
     INTERSECTION, SHARED, check_compatible, check_intersection, describe_pair, encode_prompt,
@@ -25,10 +26,10 @@ from exactspec.models.vocab import (
 )
 
 __all__ = [
-    "BUNDLED_MODEL", "BUNDLED_PACKAGE", "BUNDLED_PACKAGE_VERSION", "DTYPES", "INTERSECTION", "SHARED",
-    "BundledModelMissing", "LoadedModel", "bundled_gguf_path", "cache_root", "check_compatible",
-    "check_context", "check_intersection", "context_length", "describe_pair", "encode_prompt",
-    "eos_token_ids", "input_device", "load_model", "output_vocab_size", "pair_method",
-    "parse_model_spec", "resolve_device", "resolve_dtype", "token_list_method", "unwrap_model",
-    "usable_vocab",
+    "BUNDLED_MODEL", "BUNDLED_PACKAGE", "BUNDLED_PACKAGE_VERSION", "DTYPES", "INTERSECTION",
+    "SHARED", "BundledModelMissing", "LoadedModel", "bundled_gguf_path", "cache_root",
+    "check_compatible", "check_context", "check_intersection", "context_length", "describe_pair",
+    "encode_prompt", "eos_token_ids", "input_device", "invariant_option", "load_model",
+    "output_vocab_size", "pair_method", "parse_model_spec", "resolve_device", "resolve_dtype",
+    "token_list_method", "unwrap_model", "usable_vocab",
 ]

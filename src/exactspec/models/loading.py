@@ -193,7 +193,7 @@ def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
     if placed:
         raise ValueError("tp, device_map, max_memory and offload_folder place torch weights; "
                          "a llama.cpp target has none (backend='llamacpp')")
-    file, invariant = _invariant_option(name)
+    file, invariant = invariant_option(name)
     gguf = gguf_path(file)
     if gguf is None:
         raise _unknown_model(file, "a llama.cpp target needs a packaged name or a .gguf file")
@@ -207,7 +207,7 @@ def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
                        device=torch.device("cpu"), backend="llamacpp")
 
 
-def _invariant_option(name: str) -> tuple[str, bool]:
+def invariant_option(name: str) -> tuple[str, bool]:
     """A llama.cpp target's spec NAME_OR_PATH[@invariant] → (NAME_OR_PATH, invariant); the text
     after the last "@" is read as `parse_model_spec` reads a dtype."""
     file, at, option = name.rpartition("@")
