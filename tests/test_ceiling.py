@@ -64,11 +64,11 @@ def test_measured_ceiling_and_the_oracle_gamma():
 
 
 def test_the_ceiling_covers_every_block_that_gamma_auto_may_choose():
-    """With γ = auto the timings run to MAX_GAMMA + 1 tokens (a long pass can cost less than a
-    shorter one); with fixed γ only, to the curves' largest γ + 1."""
-    from exactspec.controller import MAX_GAMMA
+    """With γ = auto the timings run to AUTO_MAX_GAMMA + 1 tokens (a long pass can cost less
+    than a shorter one); with fixed γ only, to the curves' largest γ + 1."""
+    from exactspec.controller import AUTO_MAX_GAMMA
 
-    assert ceiling_gamma(["auto", 4], 8) == MAX_GAMMA
+    assert ceiling_gamma(["auto", 4], 8) == AUTO_MAX_GAMMA
     assert ceiling_gamma([4, 12], 12) == 12
 
 

@@ -17,17 +17,17 @@ from typing import Callable
 
 from exactspec import costmodel
 from exactspec.bench.config import AUTO, BenchConfig, RunSpec
-from exactspec.controller import MAX_GAMMA
+from exactspec.controller import AUTO_MAX_GAMMA, MAX_GAMMA
 from exactspec.drafters.oracle import ORACLE, OracleDrafter  # noqa: F401 (the bench's names)
 
 ORACLE_LABEL = "oracle (target's own greedy tokens)"
 
 
 def ceiling_gamma(gammas, curve_max: int) -> int:
-    """The longest block the timings cover: MAX_GAMMA where γ = auto runs (its controller may
-    choose any block up to it, and on a CPU a long pass can cost less than a shorter one: on the
+    """The longest block the timings cover: AUTO_MAX_GAMMA where γ = auto runs (its controller
+    may choose any block up to it, and on a CPU a long pass can cost less than a shorter one: on the
     Qwen 1.5B through llama.cpp T(16) < T(12)), else the curves' `curve_max`."""
-    return MAX_GAMMA if AUTO in gammas else curve_max
+    return AUTO_MAX_GAMMA if AUTO in gammas else curve_max
 
 
 def measured_ceiling(timings: dict) -> dict:
