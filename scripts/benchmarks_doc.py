@@ -236,7 +236,7 @@ def section(path: Path, result: dict, date: str | None, command: str | None) -> 
 # --------------------------------------------------------------------------- --summary
 
 NGRAM_TYPES = ("ngram-mod", "ngram-simple", "ngram-cache")  # llama-server's own n-gram drafts
-SHORT = {"ngram": "lookup", "auto": "auto", "oracle": "oracle"}
+SHORT = {"ngram": "lookup", "auto": "auto", "oracle": "oracle", "lookup-oracle": "lookup oracle"}
 
 
 def label(row: dict) -> str | None:

@@ -524,7 +524,8 @@ def test_cli_end_to_end_on_tiny_models(tiny_loaded_pair, tmp_path, capsys, monke
     assert result["config"]["gammas"] == [2, "auto"]
     assert {(r["draft"], r["gamma"]) for r in result["rows"] if r["method"] == "speculative"} \
         == {(d, g) for d in ("tiny-draft", "ngram", "auto:tiny-draft") for g in (2, "auto")} \
-        | {("oracle", max(1, result["ceiling"]["k"] - 1))}  # the oracle row: on by default
+        | {("oracle", max(1, result["ceiling"]["k"] - 1)),  # the oracle rows: on by default
+           ("lookup-oracle", len(result["ceiling"]["passes"]) - 1)}
     assert {c["draft"] for c in result["costmodel"]["curves"]} == {"tiny-draft", "ngram"}
     assert plot.exists()
     assert "T = 0, grounded prompts" in captured.out and "recommended γ" in captured.out

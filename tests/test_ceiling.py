@@ -1,10 +1,12 @@
-"""The machine's ceiling and the oracle row (`exactspec.bench.ceiling`, `OracleDrafter`): the
-ceiling's arithmetic and its errors, T(k) measured on the bundled model, the line, the share
-column and the JSON of `exactspec bench`, and the oracle draft's exactness: a round of it then
-the target keeps the target's joint law (float64 enumeration), its greedy output is plain
-decoding's on the bundled model, and a q placed on another token goes red."""
+"""The machine's ceiling and the oracle rows (`exactspec.bench.ceiling`, `OracleDrafter`,
+`LookupOracleDrafter`): the ceiling's arithmetic and its errors, T(k) measured on the bundled
+model, the line, the share column and the JSON of `exactspec bench`, and the oracle drafts'
+exactness: a round of either then the target keeps the target's joint law (float64
+enumeration), their greedy output is plain decoding's, and a q placed on another token goes
+red."""
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 
@@ -12,12 +14,13 @@ import pytest
 import torch
 
 from exactspec import costmodel
-from exactspec.bench.ceiling import ORACLE, ceiling_gamma, measured_ceiling, oracle_gamma
+from exactspec.bench.ceiling import (LOOKUP_ORACLE, ORACLE, ceiling_gamma, measured_ceiling,
+                                     oracle_gamma)
 from exactspec.bench.config import BenchConfig, BenchPrompt
 from exactspec.bench.run import run_benchmark
 from exactspec.cli import main
 from exactspec.cli.bench_tables import print_result
-from exactspec.drafters import OracleDrafter, Proposal
+from exactspec.drafters import LookupOracleDrafter, OracleDrafter, Proposal
 from exactspec.engine import autoregressive_generate, speculative_generate
 from exactspec.sampling import SamplingConfig
 from exactspec.verify import next_token_weights, stop_distribution
@@ -137,7 +140,22 @@ def test_the_oracle_row_keeps_every_greedy_draft_per_category(oracle_result):
         assert row["share_of_ceiling"] == pytest.approx(row["speedup_vs_autoregressive"] / 4.5)
     assert {c["draft"] for c in oracle_result["costmodel"]["curves"]} == {"ngram"}
     for item in oracle_result["summary"]:
-        assert item["peers"]["best"]["draft"] != ORACLE  # not a contender
+        assert item["peers"]["best"]["draft"] not in (ORACLE, LOOKUP_ORACLE)  # not contenders
+
+
+def test_the_lookup_oracle_row_keeps_every_draft_it_makes(oracle_result):
+    """The lookup oracle's row per category at T = 0: γ the longest block timed (8 drafts for
+    T(1..9)), only drafts the target keeps, plain decoding's text; on the prompt that repeats
+    itself it drafts, and never more than the oracle keeps."""
+    rows = {r["prompts"]: r for r in oracle_result["rows"] if r["draft"] == LOOKUP_ORACLE}
+    assert set(rows) == {"open", "grounded"}
+    for row in rows.values():
+        assert row["temperature"] == 0.0 and row["gamma"] == 8
+        assert row["accepted_drafts"] == row["drafted_tokens"]
+        assert row["corrections"] == 0 and row["matches_autoregressive"] is True
+    assert rows["grounded"]["drafted_tokens"] > 0
+    oracle = {r["prompts"]: r for r in oracle_result["rows"] if r["draft"] == ORACLE}
+    assert all(rows[kind]["accepted_drafts"] <= oracle[kind]["accepted_drafts"] for kind in rows)
 
 
 def test_the_cli_json_carries_t_k_the_ceiling_and_the_shares(tiny_loaded_pair, tmp_path, capsys,
@@ -181,23 +199,32 @@ V = 8  # the enumeration's vocabulary
 PROMPT = (1, 5, 3, 6)
 
 
-class PlacedElsewhere(OracleDrafter):
-    """A broken oracle: its q claims a point mass, placed on the token after each draft."""
-
-    def propose(self, gamma, sampling, generator):
-        proposal = super().propose(gamma, sampling, generator)
-        q = torch.nn.functional.one_hot((proposal.tokens + 1) % V, V).double()  # [B, γ', V]
-        return Proposal(proposal.tokens, q, proposal.lengths)
+# a lookup oracle's pass times: the longer the pass, the less it costs per token
+PASS_SECONDS = [1.0, 1.5, 1.8, 2.0]
+LookupOracle = functools.partial(LookupOracleDrafter, pass_seconds=PASS_SECONDS)
 
 
-class HalfElsewhere(OracleDrafter):
-    """A broken oracle: its q puts half the draft's mass on the token after it."""
+def placed_elsewhere(oracle):
+    """A broken `oracle` class: its q claims a point mass, placed on the token after each draft."""
 
-    def propose(self, gamma, sampling, generator):
-        proposal = super().propose(gamma, sampling, generator)
-        one_hot = torch.nn.functional.one_hot
-        q = (one_hot(proposal.tokens, V) + one_hot((proposal.tokens + 1) % V, V)).double() / 2
-        return Proposal(proposal.tokens, q, proposal.lengths)
+    class PlacedElsewhere(oracle):
+        def propose(self, gamma, sampling, generator):
+            proposal = super().propose(gamma, sampling, generator)
+            q = torch.nn.functional.one_hot((proposal.tokens + 1) % V, V).double()  # [B, γ', V]
+            return Proposal(proposal.tokens, q, proposal.lengths)
+    return PlacedElsewhere
+
+
+def half_elsewhere(oracle):
+    """A broken `oracle` class: its q puts half the draft's mass on the token after it."""
+
+    class HalfElsewhere(oracle):
+        def propose(self, gamma, sampling, generator):
+            proposal = super().propose(gamma, sampling, generator)
+            one_hot = torch.nn.functional.one_hot
+            q = (one_hot(proposal.tokens, V) + one_hot((proposal.tokens + 1) % V, V)).double() / 2
+            return Proposal(proposal.tokens, q, proposal.lengths)
+    return HalfElsewhere
 
 
 class Enumerated:
@@ -272,13 +299,59 @@ def test_a_round_of_the_oracle_keeps_the_target_law(history, gamma, temperature,
 
 
 @pytest.mark.parametrize("verify", ["token", "block"])
-def test_a_q_placed_on_another_token_goes_red(verify):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_round_of_the_lookup_oracle_keeps_the_target_law(temperature, verify):
+    """One round of the lookup oracle after history (5, 3), which PROMPT's "5 3 6" continues (the
+    lookup proposes 6 5 3): with a reference that agrees it drafts all three (the cheapest pass
+    per token), with one that agrees on one token it drafts that one, with the greedy reference
+    what the lookup and it share; each time the joint of the next 4 tokens is the target's."""
+    history = (5, 3)
+    for reference, drafted in (([5, 3, 6, 5, 3], 3), ([5, 3, 6, 0, 0], 1),
+                               (list(history) + greedy_reference(3), None)):
+        drafter = LookupOracle({PROMPT: reference})
+        world = Enumerated(temperature, history, 3)
+        if drafted is not None:  # the cut, seen on the drafter the round uses
+            world.round_then_target(drafter, 3, verify)
+            assert drafter.drafts.shape == (1, drafted)
+        assert worst_gap(LookupOracle, temperature, history, 3, verify, reference) < 1e-12
+
+
+@pytest.mark.parametrize("verify", ["token", "block"])
+@pytest.mark.parametrize("oracle, keywords, history, reference", [
+    (OracleDrafter, {}, (), None),
+    (LookupOracleDrafter, {"pass_seconds": PASS_SECONDS}, (5, 3), [5, 3, 6, 5, 3])])
+def test_a_q_placed_on_another_token_goes_red(oracle, keywords, history, reference, verify):
     """The same enumeration goes red: a q with half its mass on another token shows a gap; one
     with all of it there is refused by the verifier."""
-    reference = greedy_reference(3)
-    assert worst_gap(HalfElsewhere, 1.0, (), 2, verify, reference) > 1e-3
+    reference = reference or greedy_reference(3)
+    half, placed = (functools.partial(wrap(oracle), **keywords)
+                    for wrap in (half_elsewhere, placed_elsewhere))
+    assert worst_gap(half, 1.0, history, 2, verify, reference) > 1e-3
     with pytest.raises(ValueError, match="zero probability under q"):
-        worst_gap(PlacedElsewhere, 1.0, (), 2, verify, reference)
+        worst_gap(placed, 1.0, history, 2, verify, reference)
+
+
+def test_the_lookup_oracle_drafts_at_the_pass_size_that_costs_least_per_token():
+    drafter = LookupOracleDrafter({(1,): [2]}, [1.0, 1.5, 3.3, 2.0])  # per token: 1, .75, 1.1, .5
+    assert [drafter.cheapest(run) for run in range(4)] == [0, 1, 1, 3]
+    with pytest.raises(ValueError, match="pass_seconds"):
+        LookupOracleDrafter({(1,): [2]}, [])
+
+
+def test_the_lookup_oracle_gives_plain_greedy_text_on_the_bundled_model(bundled_pair):
+    """SmolLM2, a prompt that repeats itself: the lookup oracle on plain greedy decoding's tokens
+    drafts, keeps every draft, and gives plain decoding's tokens."""
+    from exactspec.models import encode_prompt
+
+    target, _ = bundled_pair
+    ids = encode_prompt(target, "Repeat exactly: the cat sat on the mat. the cat sat on the mat.")
+    settings = dict(max_new_tokens=12, temperature=0.0, eos_token_id=[])
+    plain = autoregressive_generate(target, ids, **settings).sequences[0].tolist()
+    drafter = LookupOracleDrafter({tuple(ids[0].tolist()): plain[ids.size(1):]},
+                                  [0.03 + 0.002 * k for k in range(9)])
+    out = speculative_generate(target, drafter, ids, gamma=8, **settings)
+    assert out.sequences[0].tolist() == plain
+    assert out.stats.accepted_drafts == out.stats.drafted_tokens > 0
 
 
 def test_greedy_oracle_is_plain_decoding_on_the_bundled_model(bundled_pair):

@@ -10,6 +10,11 @@
   continuation (`reference_continuations`, one untimed plain greedy generation per prompt), at
   γ = k* − 1 (a pass over the ceiling's k tokens), through the real engine, at T = 0: every
   draft is kept, and its speed is the best this engine reaches on this machine.
+- The lookup oracle row (`LOOKUP_ORACLE`): `LookupOracleDrafter`, prompt lookup's proposals cut
+  to the drafts the target keeps (the same references), at the pass size that costs least per
+  token: each round's γ is the best any policy could choose for that proposal, so the row reads
+  the most prompt lookup can give here. Between it and the oracle lies what better drafts could
+  add; between the lookup rows and it, what a better γ could.
 """
 from __future__ import annotations
 
@@ -18,9 +23,10 @@ from typing import Callable
 from exactspec import costmodel
 from exactspec.bench.config import AUTO, BenchConfig, RunSpec
 from exactspec.controller import AUTO_MAX_GAMMA, MAX_GAMMA
-from exactspec.drafters.oracle import ORACLE, OracleDrafter  # noqa: F401 (the bench's names)
+from exactspec.drafters.oracle import LOOKUP_ORACLE, ORACLE, LookupOracleDrafter, OracleDrafter
 
 ORACLE_LABEL = "oracle (target's own greedy tokens)"
+LOOKUP_ORACLE_LABEL = "lookup oracle (prompt lookup cut to the drafts kept)"
 
 
 def ceiling_gamma(gammas, curve_max: int) -> int:
@@ -48,11 +54,22 @@ def oracle_gamma(ceiling: dict) -> int:
     return max(1, min(MAX_GAMMA, ceiling["k"] - 1))
 
 
-def oracle_specs(config: BenchConfig, gamma: int) -> list[RunSpec]:
-    """The oracle row at T = 0 (when the bench runs it), with the first verification rule
-    benchmarked: at T > 0 the sampled text leaves the greedy tokens, and the row would say little."""
-    return [RunSpec("speculative", t, ORACLE, gamma, config.verify[0])
-            for t in config.temperatures if t == 0]
+def oracle_specs(config: BenchConfig, ceiling: dict) -> list[RunSpec]:
+    """The oracle rows at T = 0 (when the bench runs them), with the first verification rule
+    benchmarked: at T > 0 the sampled text leaves the greedy tokens, and the rows would say
+    little. The oracle's γ is `oracle_gamma`; the lookup oracle's, the longest block timed (it
+    chooses shorter ones itself)."""
+    lookup_gamma = max(1, len(ceiling["passes"]) - 1)
+    return [RunSpec("speculative", t, draft, gamma, config.verify[0])
+            for t in config.temperatures if t == 0
+            for draft, gamma in ((ORACLE, oracle_gamma(ceiling)), (LOOKUP_ORACLE, lookup_gamma))]
+
+
+def oracle_drafters(references: dict, ceiling: dict) -> dict:
+    """The oracle rows' drafters by draft name, on plain greedy decoding's `references`."""
+    return {ORACLE: OracleDrafter(references),
+            LOOKUP_ORACLE: LookupOracleDrafter(references,
+                                               [p["seconds"] for p in ceiling["passes"]])}
 
 
 def reference_continuations(runner, prompt_ids: list, config: BenchConfig,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from exactspec import costmodel
 from exactspec.bench.config import AUTO, VERIFY_ORDER, is_auto_draft
 from exactspec.bench.report import alpha_estimate, ratio
-from exactspec.drafters.oracle import ORACLE
+from exactspec.drafters.oracle import ORACLES
 
 
 def _target_seconds(timings: dict) -> dict[int, float]:
@@ -32,7 +32,7 @@ def build_costmodel(rows: list[dict], timings: dict, curve_max_gamma: int) -> di
     groups = {}
     for r in rows:
         if r["method"] == "speculative" and r["gamma"] != AUTO and not is_auto_draft(r["draft"]) \
-                and r["draft"] != ORACLE:  # the oracle's drafts cost nothing: it has its own line
+                and r["draft"] not in ORACLES:  # the oracles' drafts cost nothing: they have their own lines
             groups.setdefault((r["temperature"], r["prompts"], r["draft"]), []).append(r)
     for (temperature, kind, draft), group in groups.items():
         source = "token" if any(r["verify"] == "token" for r in group) else "block"

@@ -28,9 +28,8 @@ import torch
 from exactspec.bench.config import (CURVE_MIN_GAMMA, LLAMA_METHODS, NGRAM, WARMUP_TOKENS,
                                     BenchConfig, RunSpec, auto_model_spec, fixed_gammas,
                                     is_auto_draft, plan)
-from exactspec.bench.ceiling import (ORACLE, OracleDrafter, add_shares, ceiling_gamma,
-                                     measured_ceiling, oracle_gamma, oracle_specs,
-                                     reference_continuations)
+from exactspec.bench.ceiling import (add_shares, ceiling_gamma, measured_ceiling, oracle_drafters,
+                                     oracle_specs, reference_continuations)
 from exactspec.bench.curves import build_costmodel
 from exactspec.bench.machine import load_average, machine_info
 from exactspec.bench.mix import with_first_replies
@@ -104,7 +103,7 @@ def run_benchmark(config: BenchConfig, *, models: dict | None = None,
                   trace: Callable[[dict], None] | None = None
                   ) -> dict:
     """Run the benchmark and return {config, machine, rows, summary, costmodel, ceiling,
-    elapsed_seconds} (the ceiling and the oracle row: `exactspec.bench.ceiling`).
+    elapsed_seconds} (the ceiling and the oracle rows: `exactspec.bench.ceiling`).
 
     models: LoadedModels by spec, used instead of loading (tests); timings: the cost model's
     inputs, used instead of timing the models (tests). log: progress lines (None: silent).
@@ -162,10 +161,10 @@ def _run(config, target, drafts, llama, timings, log, started, trace=None) -> di
     machine = machine_info(runner.device)
     prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start, history=p.history)
                   for p in config.prompts]
-    if config.oracle:  # before the timings: its references are plain greedy decoding, untimed
+    if config.oracle:  # before the timings: their references are plain greedy decoding, untimed
         references = reference_continuations(runner, prompt_ids, config, log)
     curve_max = max([CURVE_MIN_GAMMA, *fixed_gammas(config.gammas)])
-    if timings is None:  # before the passes: the oracle's γ is the ceiling's
+    if timings is None:  # before the passes: the oracles' γ and pass times are the ceiling's
         context = int(statistics.median(ids.size(1) for ids in prompt_ids)) \
             + config.max_new_tokens // 2
         context_ids = context_from_prompts(prompt_ids, context)
@@ -174,8 +173,8 @@ def _run(config, target, drafts, llama, timings, log, started, trace=None) -> di
     ceiling = measured_ceiling(timings)
     specs = plan(config)
     if config.oracle:
-        runner.drafts[ORACLE] = OracleDrafter(references)
-        specs += oracle_specs(config, oracle_gamma(ceiling))
+        runner.drafts.update(oracle_drafters(references, ceiling))
+        specs += oracle_specs(config, ceiling)
     if llama is not None and llama.server is None:
         specs = [spec for spec in specs if spec.method != "llama_server"]
     _warm_up(runner, specs, prompt_ids, config, log)

@@ -2,7 +2,7 @@
 auto draft) against Transformers' best prompt-lookup row, every γ = "auto" row against plain
 decoding and against the best fixed γ of its draft and rule (`gamma_sweep`, with a bootstrap
 interval over the generations), and exactspec's fastest row against each peer (`peer_summary`;
-the oracle row, `bench.ceiling`, is not a contender).
+the oracle rows, `bench.ceiling`, are not contenders).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from exactspec.bench.config import AUTO, NGRAM, is_auto_draft
 from exactspec.bench.report import paired_ratio
-from exactspec.drafters.oracle import ORACLE
+from exactspec.drafters.oracle import ORACLES
 
 
 def _brief(row: dict | None) -> dict | None:
@@ -51,7 +51,7 @@ def _is_model_draft(draft: str | None) -> bool:
     """A model draft run in PyTorch (not prompt lookup, the auto draft or llama.cpp)."""
     from exactspec.drafters import is_llamacpp_spec, other_vocabulary_method
 
-    return (bool(draft) and draft not in (NGRAM, ORACLE) and not is_auto_draft(draft)
+    return (bool(draft) and draft not in (NGRAM, *ORACLES) and not is_auto_draft(draft)
             and not is_llamacpp_spec(draft) and not other_vocabulary_method(draft))
 
 
@@ -60,7 +60,8 @@ def peer_summary(group: list[dict]) -> dict:
     plain PyTorch decoding, Transformers' fastest assisted generation with a model draft, with
     each PyTorch model draft exactspec's fastest row against Transformers' fastest with that
     same draft, and llama.cpp plain and its server's fastest row."""
-    best = _fastest([r for r in group if r["method"] == "speculative" and r["draft"] != ORACLE])
+    best = _fastest([r for r in group if r["method"] == "speculative"
+                     and r["draft"] not in ORACLES])
     hf = _fastest([r for r in group if r["method"] == "hf_assisted" and _is_model_draft(r["draft"])])
     plain = next((r for r in group if r["method"] == "autoregressive"), None)
     llama = next((r for r in group if r["method"] == "llamacpp"), None)

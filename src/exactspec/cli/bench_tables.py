@@ -117,8 +117,8 @@ def print_constraint_cost(result: dict) -> None:
 
 
 def print_ceiling(result: dict) -> None:
-    """The machine's ceiling (`bench.ceiling`), how the share column reads, and the oracle row."""
-    from exactspec.bench.ceiling import ORACLE, ORACLE_LABEL
+    """The machine's ceiling (`bench.ceiling`), how the share column reads, and the oracle rows."""
+    from exactspec.bench.ceiling import LOOKUP_ORACLE, LOOKUP_ORACLE_LABEL, ORACLE, ORACLE_LABEL
 
     ceiling = result.get("ceiling")
     if not ceiling:
@@ -132,6 +132,9 @@ def print_ceiling(result: dict) -> None:
     if oracle is not None:
         print(f"{ORACLE_LABEL}: its drafts are each prompt's plain greedy tokens, γ = "
               f"{oracle['gamma']}, at T = 0: every draft kept")
+    if any(r["draft"] == LOOKUP_ORACLE for r in result["rows"]):
+        print(f"{LOOKUP_ORACLE_LABEL}: prompt lookup's drafts cut to those kept, each round at the "
+              f"pass size that costs least per token: the most prompt lookup can give here")
 
 
 def _sweep_text(sweep: dict) -> str:

@@ -9,13 +9,13 @@ from exactspec.drafters.auto import AutoDrafter
 from exactspec.drafters.base import Drafter, NoDraft, Proposal
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NGramDrafter
-from exactspec.drafters.oracle import OracleDrafter
+from exactspec.drafters.oracle import LookupOracleDrafter, OracleDrafter
 from exactspec.drafters.strings import StringDrafter
 from exactspec.drafters.tli import TLIDrafter
 from exactspec.models import INTERSECTION, load_model, pair_method, token_list_method, unwrap_model
 
-__all__ = ["AutoDrafter", "Drafter", "ModelDrafter", "NGramDrafter", "NoDraft", "OracleDrafter",
-           "Proposal", "StringDrafter", "TLIDrafter", "default_model_draft", "default_model_spec",
+__all__ = ["AutoDrafter", "Drafter", "LookupOracleDrafter", "ModelDrafter", "NGramDrafter",
+           "NoDraft", "OracleDrafter", "Proposal", "StringDrafter", "TLIDrafter", "default_model_draft", "default_model_spec",
            "is_llamacpp_spec", "make_drafter", "model_drafter", "other_vocabulary_drafter",
            "other_vocabulary_method"]
 
