@@ -69,9 +69,18 @@ def test_probs_from_logits_rejects_bad_settings(kwargs, message):
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
-def test_probs_from_logits_rejects_nan_and_inf(bad):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_probs_from_logits_rejects_nan_and_inf(bad, temperature):
+    """In any row, beside -inf too (a row's maximum is NaN or +inf then, whatever else it holds)."""
     with pytest.raises(ValueError, match="NaN or \\+inf"):
-        es.probs_from_logits(torch.tensor([0.0, bad]))
+        es.probs_from_logits(torch.tensor([0.0, bad]), temperature)
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        es.probs_from_logits(torch.tensor([[0.0, 1.0], [-math.inf, bad]]), temperature)
+
+
+def test_probs_from_logits_rejects_an_empty_vocabulary():
+    with pytest.raises(ValueError, match="vocabulary dimension is empty"):
+        es.probs_from_logits(torch.zeros(2, 0))
 
 
 # --------------------------------------------------------------------------- enumeration

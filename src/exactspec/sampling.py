@@ -55,9 +55,12 @@ def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     """
     check_sampling_args(temperature, top_k, top_p)
     check_penalty_args(min_p=min_p)
-    if torch.isnan(logits).any() or torch.isposinf(logits).any():
-        raise ValueError("logits contain NaN or +inf")
-    if torch.isneginf(logits).all(dim=-1).any():
+    if logits.size(-1) == 0:
+        raise ValueError("logits: the vocabulary dimension is empty, so no token is possible")
+    top = logits.amax(dim=-1)  # [...]: NaN where a row has one, +inf or -inf where the checks fail
+    if not torch.isfinite(top).all():
+        if torch.isnan(top).any() or torch.isposinf(top).any():
+            raise ValueError("logits contain NaN or +inf")
         raise ValueError("logits: a row is -inf everywhere, so no token is possible")
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
