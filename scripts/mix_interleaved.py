@@ -8,13 +8,17 @@ each category's total seconds of plain decoding and every configuration's ratio 
 T = 0 also the prompts whose text differs from plain's (a near-tie on llama.cpp's default
 kernels, docs/llamacpp.md).
 
+--llama-cpp adds llama.cpp's plain decoding (llama-cpp-python on the target's GGUF, the same
+threads, greedy at T = 0, stopping at EOS as the others do), and every ratio over it as well.
+
 --linear-pricing adds a configuration "linear": the γ controller as it was before 2026-12-07
 (an unseen pass size priced on the line between the sizes seen; a round dearer than 1.5 times
 its price re-times T(1) even when its size was a guess). Each lookup configuration has a target
 memory of its own, so timings learnt by one do not price the other's rounds.
 
 usage: python scripts/mix_interleaved.py [--per-category 4] [--categories code-edit,chat-2]
-       [--tokens 128] [--passes 2] [--temperature 0] [--target SPEC] [--linear-pricing]
+       [--tokens 128] [--passes 2] [--temperature 0] [--target SPEC] [--llama-cpp]
+       [--linear-pricing]
 """
 import argparse
 import collections
@@ -61,6 +65,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--target", default="llamacpp:qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--llama-cpp", action="store_true")
     parser.add_argument("--linear-pricing", action="store_true")
     args = parser.parse_args()
     categories = args.categories.split(",")
@@ -71,12 +76,17 @@ def main() -> None:
     target = load_model(args.target)
     kinds = ["plain", "lookup"] + (["linear"] if args.linear_pricing else [])
     memories = {kind: dataclasses.replace(target, memory=Memory()) for kind in kinds[1:]}
+    llama = llama_cpp_plain(target, args.temperature) if args.llama_cpp else None
+    kinds += ["llama.cpp"] if llama else []
     prompts = [p for p in mix.workload_prompts(f"mix:{args.per_category}") if p.kind in categories]
     prompts = mix.answer_first_turns(prompts, mix.greedy_reply(target, args.tokens))
     eos = target.tokenizer.eos_token_id
 
     def run(kind, ids, seed):
         started = time.perf_counter()
+        if kind == "llama.cpp":
+            tokens = llama(ids[0].tolist(), args.tokens, seed, eos)
+            return time.perf_counter() - started, tokens
         if kind == "plain":
             out = autoregressive_generate(target, ids, max_new_tokens=args.tokens, seed=seed,
                                           temperature=args.temperature, eos_token_id=eos)
@@ -97,13 +107,46 @@ def main() -> None:
                 spent, texts[kind] = run(kind, ids, i)
                 seconds[prompt.kind, kind] += spent if n else 0.0
             if n and args.temperature == 0:
-                differ[prompt.kind] += sum(texts[k] != texts["plain"] for k in kinds[1:])
+                differ[prompt.kind] += sum(texts[k] != texts["plain"] for k in kinds[1:]
+                                           if k != "llama.cpp")
         print(f"pass {n}/{args.passes} done" + (" (warm-up)" if n == 0 else ""), flush=True)
     for category in categories:
         plain = seconds[category, "plain"]
         ratios = "  ".join(f"{kind} {plain / seconds[category, kind]:.3f}×" for kind in kinds[1:])
         note = f"  ({differ[category]} texts differ from plain's)" if differ[category] else ""
         print(f"{category:14s} plain {plain:6.1f} s  {ratios}{note}")
+    if llama:
+        print("\nover llama.cpp plain:")
+        for category in categories:
+            base = seconds[category, "llama.cpp"]
+            print(f"{category:14s} " + "  ".join(f"{kind} {base / seconds[category, kind]:.3f}×"
+                                                 for kind in kinds if kind != "llama.cpp"))
+
+
+def llama_cpp_plain(target, temperature: float):
+    """generate(prompt, max_new_tokens, seed, eos) → tokens: llama-cpp-python's plain decoding on
+    the target's GGUF (`bench.llama_peers`' settings), stopping after an EOS token."""
+    import torch
+
+    from exactspec.bench.llama_peers import SERVER_CONTEXT, sampling_fields
+    from exactspec.drafters.llamacpp import gguf_file, import_llama_cpp
+
+    threads = torch.get_num_threads()  # as the bench's peers
+    llama = import_llama_cpp().Llama(str(gguf_file(target)), n_ctx=SERVER_CONTEXT, n_threads=threads,
+                                     n_threads_batch=threads, verbose=False)
+    sampling = sampling_fields(temperature, None, None)
+
+    def generate(prompt, max_new_tokens, seed, eos):
+        llama.reset()  # every generation evaluates its whole prompt
+        llama.set_seed(seed)
+        tokens = []
+        for token in llama.generate(prompt, top_k=sampling["top_k"], top_p=sampling["top_p"],
+                                    min_p=0.0, temp=sampling["temperature"], repeat_penalty=1.0):
+            tokens.append(token)
+            if token == eos or len(tokens) == max_new_tokens:
+                break
+        return tokens
+    return generate
 
 
 if __name__ == "__main__":

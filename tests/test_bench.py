@@ -563,7 +563,7 @@ def test_constrained_prompts_report_validity_and_the_grammars_share():
     """The json workload's path on tiny models with a tokenizer llguidance reads: replies end at
     EOS once their schema is met, every one validates, greedy speculative rows equal plain
     decoding, and rows say how much the grammar drafted and what the matchers cost; peers are
-    refused (they do not constrain)."""
+    refused (Transformers' rows do not constrain), llama.cpp's accepted (they follow the schema)."""
     import torch
     from conftest import GRAMMAR_VOCAB, make_grammar_tokenizer, make_tiny_llama
     from exactspec.bench.config import BenchPrompt
@@ -589,8 +589,9 @@ def test_constrained_prompts_report_validity_and_the_grammars_share():
             if row["temperature"] == 0:
                 assert row["matches_autoregressive"]
     assert result["config"]["prompts"][0]["schema"] == schema
-    with pytest.raises(ValueError, match="peers and llama_peers must be off"):
+    with pytest.raises(ValueError, match="llama.cpp's rows only: peers must be off"):
         tiny_config(target="tiny-grammar", prompts=prompts).check()
+    tiny_config(target="tiny-grammar", prompts=prompts, peers=False, llama_peers=True).check()
 
 
 def test_timed_passes_run_each_prompt_under_every_configuration_in_alternating_order(monkeypatch):

@@ -223,3 +223,22 @@ def test_exactspec_threads_fixes_the_drafts_thread_count(monkeypatch, target):
     monkeypatch.delenv(runtime.THREADS_ENV)
     drafter = drafter_for(target)
     assert drafter.n_threads == runtime.usable_cores() and drafter.threads is not None
+
+
+def test_llama_cpp_plain_follows_a_json_schema_to_eos(target):
+    """The bench's llama.cpp plain row on a json task (`LlamaPeers`): llama.cpp's own grammar from
+    the task's schema, greedy, ending at EOS; the output is valid against the schema."""
+    from exactspec.bench import extraction
+    from exactspec.bench.config import RunSpec
+    from exactspec.bench.llama_peers import LlamaPeers
+
+    prompt = extraction.workload_prompts("json:1")[0]
+    ids = encode_prompt(target, prompt.text)
+    peers = LlamaPeers(llamacpp.gguf_file(target), {}, 2, None, None, None)
+    try:
+        tokens = peers.run(RunSpec("llamacpp", 0.0), ids, 0, 200, prompt.constraint).tokens
+    finally:
+        peers.close()
+    assert tokens[-1] == target.tokenizer.eos_token_id or len(tokens) < 200
+    text = target.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert extraction.is_valid(prompt.constraint.schema(), text), text

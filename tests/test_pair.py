@@ -18,6 +18,7 @@ import torch
 from exactspec.bench import humaneval
 from exactspec.bench.config import BenchConfig, RunSpec, plan
 from exactspec.bench.llama_peers import LlamaPeers, remembers, sampling_fields, server_arguments
+from exactspec.constraints import Constraint
 from exactspec.controller import GammaController
 from exactspec.models import packaged
 from exactspec.models.packaged import PAIR_DRAFT, PAIR_TARGET, PackagedModel, PackagedModelMissing
@@ -234,7 +235,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.end_headers()
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        chunk = {"tokens": list(seen), "stop": True, "timings": {"predicted_ms": 1.0}}
+        constrained = [-1] if "json_schema" in body and "ignore_eos" not in body else []
+        chunk = {"tokens": list(seen) + constrained, "stop": True, "timings": {"predicted_ms": 1.0}}
         seen.append(len(body["prompt"]))
         self.send_response(200); self.end_headers()
         self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\\n")
@@ -246,7 +248,7 @@ http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 def test_a_server_that_remembers_requests_is_fresh_for_each(tmp_path):
     """llama-server's ngram-mod drafts from every earlier request's text, so each of its
     requests meets a new server, warmed by one prompt too short to be remembered; a plain
-    server is started once."""
+    server is started once. A JSON schema goes with the request, which then ends at EOS."""
     binary = tmp_path / "llama-server"
     binary.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE_SERVER))
     binary.chmod(0o755)
@@ -256,10 +258,15 @@ def test_a_server_that_remembers_requests_is_fresh_for_each(tmp_path):
         plain = [peers.run(RunSpec("llama_server", 0.0), prompt, 0, 4).tokens for _ in range(2)]
         ngram = [peers.run(RunSpec("llama_server", 0.0, "ngram-mod"), prompt, 0, 4).tokens
                  for _ in range(2)]
+        constrained = peers.run(RunSpec("llama_server", 0.0), prompt, 0, 4,
+                                Constraint.json_schema({"type": "object"})).tokens
+        with pytest.raises(ValueError, match="JSON schemas only, got a regex constraint"):
+            peers.run(RunSpec("llama_server", 0.0), prompt, 0, 4, Constraint.regex("a+"))
     finally:
         peers.close()
     assert plain == [[], [40]]
     assert ngram == [[8], [8]]  # only its warm-up, under ngram-mod's 24-token match
+    assert constrained == [40, 40, -1]  # sent its schema, and EOS ends it
     assert remembers("ngram-mod") and remembers("llamacpp:d+ngram-mod") and remembers("ngram-cache")
     assert not remembers(None) and not remembers("llamacpp:d")
 

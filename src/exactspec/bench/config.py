@@ -239,9 +239,9 @@ class BenchConfig:
         if self.peers and self.target.strip().lower().startswith("llamacpp:"):
             raise ValueError(f"peers: Transformers' rows cannot run the llama.cpp target "
                              f"{self.target!r}; turn peers off")
-        if any(p.constraint for p in self.prompts) and (self.peers or self.llama_peers):
-            raise ValueError("constrained prompts (the json workload) run exactspec's rows only: "
-                             "peers and llama_peers must be off")
+        if any(p.constraint for p in self.prompts) and self.peers:
+            raise ValueError("constrained prompts (the json workload) run exactspec's and "
+                             "llama.cpp's rows only: peers must be off")
         for name, value, low in (("max_new_tokens", self.max_new_tokens, 1),
                                  ("repeats", self.repeats, 1), ("warmup", self.warmup, 0),
                                  ("seed", self.seed, 0), ("seeds", self.seeds, 1)):

@@ -32,7 +32,7 @@ def build_costmodel(rows: list[dict], timings: dict, curve_max_gamma: int) -> di
     groups = {}
     for r in rows:
         if r["method"] == "speculative" and r["gamma"] != AUTO and not is_auto_draft(r["draft"]) \
-                and r["draft"] not in ORACLES:  # the oracles' drafts cost nothing: they have their own lines
+                and r["draft"] not in ORACLES:  # the oracles' drafts cost nothing: their own lines
             groups.setdefault((r["temperature"], r["prompts"], r["draft"]), []).append(r)
     for (temperature, kind, draft), group in groups.items():
         source = "token" if any(r["verify"] == "token" for r in group) else "block"

@@ -133,11 +133,15 @@ class LlamaServer:
         self.stop()
         raise error
 
-    def complete(self, prompt: list[int], max_new_tokens: int, seed: int, sampling: dict):
-        """(tokens, wall seconds, seconds to the first token, timings) of one streamed request."""
-        body = json.dumps({"prompt": prompt, "n_predict": max_new_tokens, "ignore_eos": True,
-                           "cache_prompt": False, "stream": True, "return_tokens": True,
-                           "seed": seed, **sampling})
+    def complete(self, prompt: list[int], max_new_tokens: int, seed: int, sampling: dict,
+                 schema: dict | None = None):
+        """(tokens, wall seconds, seconds to the first token, timings) of one streamed request;
+        with a JSON `schema`, constrained to it and ending at EOS (its own grammar,
+        `json_schema`)."""
+        constrained = {"json_schema": schema} if schema is not None else {"ignore_eos": True}
+        body = json.dumps({"prompt": prompt, "n_predict": max_new_tokens, "cache_prompt": False,
+                           "stream": True, "return_tokens": True, "seed": seed, **constrained,
+                           **sampling})
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
         start = time.perf_counter()
         conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
@@ -178,16 +182,22 @@ class LlamaPeers:
         self.llama = None
         self.servers: dict[tuple, LlamaServer] = {}
 
-    def run(self, spec, input_ids, seed: int, max_new_tokens: int):
+    def run(self, spec, input_ids, seed: int, max_new_tokens: int, constraint=None):
+        """One generation of `spec`; a `constraint` (a JSON schema or object) is followed by
+        llama.cpp's own grammar from the same schema, and the generation ends at EOS."""
         from exactspec.bench.results import RunResult
 
         prompt = input_ids[0].tolist()
         sampling = sampling_fields(spec.temperature, self.top_k, self.top_p)
+        schema = None if constraint is None else constraint.schema()
+        if constraint is not None and schema is None:
+            raise ValueError(f"llama.cpp's rows follow JSON schemas only, got a {constraint.kind} "
+                             f"constraint")
         if spec.method == "llamacpp":
-            tokens, wall, first = self._plain(prompt, max_new_tokens, seed, sampling)
+            tokens, wall, first = self._plain(prompt, max_new_tokens, seed, sampling, schema)
             return RunResult(tokens, wall, first, first_tokens=1)
         server = self._server(spec, prompt)
-        tokens, wall, first, timings = server.complete(prompt, max_new_tokens, seed, sampling)
+        tokens, wall, first, timings = server.complete(prompt, max_new_tokens, seed, sampling, schema)
         if remembers(spec.draft):  # the next request meets a server that has seen nothing
             self.servers.pop((spec.draft, spec.gamma)).stop()
         stats = {"drafted_tokens": timings.get("draft_n", 0),
@@ -196,23 +206,30 @@ class LlamaPeers:
                  "prefill_seconds": timings.get("prompt_ms", 0) / 1e3}
         return RunResult(tokens, wall, first, first_tokens=1, peer_stats=stats)
 
-    def _plain(self, prompt, max_new_tokens, seed, sampling):
-        if self.llama is None:
-            from exactspec.drafters.llamacpp import import_llama_cpp
+    def _plain(self, prompt, max_new_tokens, seed, sampling, schema=None):
+        """llama-cpp-python's plain decoding; with a `schema`, under its grammar
+        (`LlamaGrammar.from_json_schema`, made before the clock starts) and until EOS."""
+        from exactspec.drafters.llamacpp import import_llama_cpp
 
-            self.llama = import_llama_cpp().Llama(
+        llama_cpp = import_llama_cpp()
+        if self.llama is None:
+            self.llama = llama_cpp.Llama(
                 str(self.target_gguf), n_ctx=SERVER_CONTEXT, n_threads=self.threads,
                 n_threads_batch=self.threads, verbose=False)
+        grammar = None if schema is None else llama_cpp.LlamaGrammar.from_json_schema(
+            json.dumps(schema), verbose=False)
         self.llama.reset()  # no prompt cache: every generation evaluates its whole prompt
         self.llama.set_seed(seed)
         tokens, first = [], None
         start = time.perf_counter()
         for token in self.llama.generate(prompt, top_k=sampling["top_k"], top_p=sampling["top_p"],
-                                         min_p=0.0, temp=sampling["temperature"], repeat_penalty=1.0):
+                                         min_p=0.0, temp=sampling["temperature"], repeat_penalty=1.0,
+                                         grammar=grammar):
             if first is None:
                 first = time.perf_counter() - start
             tokens.append(token)
-            if len(tokens) == max_new_tokens:
+            ended = grammar is not None and llama_cpp.llama_vocab_is_eog(self.llama._model.vocab, token)
+            if len(tokens) == max_new_tokens or ended:
                 break
         return tokens, time.perf_counter() - start, first
 

@@ -86,13 +86,14 @@ class Runner:
 
     def run(self, spec: RunSpec, input_ids: torch.Tensor, seed: int,
             max_new_tokens: int, constraint=None) -> RunResult:
-        """A constrained prompt (exactspec's methods only) runs until its grammar ends at EOS."""
+        """A constrained prompt (exactspec's and llama.cpp's methods) runs until its grammar ends
+        at EOS."""
         if spec.method in ("autoregressive", "speculative"):
             return self._run_exactspec(spec, input_ids, seed, max_new_tokens, constraint)
+        if spec.method in LLAMA_METHODS:
+            return self.llama.run(spec, input_ids, seed, max_new_tokens, constraint)
         if constraint is not None:
             raise ValueError(f"{spec.method} rows cannot follow a constraint here")
-        if spec.method in LLAMA_METHODS:
-            return self.llama.run(spec, input_ids, seed, max_new_tokens)
         return self._run_hf(spec, input_ids, seed, max_new_tokens)
 
     def _run_exactspec(self, spec, input_ids, seed, max_new_tokens, constraint) -> RunResult:

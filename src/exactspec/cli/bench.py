@@ -117,7 +117,8 @@ def _workload_options(p) -> None:
                         "the 10 JSON-extraction tasks (a passage and a schema), each reply "
                         "constrained to its schema, rows with the share valid, the share of "
                         "tokens the grammar forced and the constraint's ms per token "
-                        "(exactspec's rows only); or mix: N prompts (default "
+                        "(exactspec's rows, and llama.cpp's under its own grammar from the same "
+                        "schema); or mix: N prompts (default "
                         f"{mix.DEFAULT_PER_CATEGORY}) from each of {len(mix.CATEGORIES)} task "
                         f"categories ({', '.join(mix.CATEGORIES)}), rows per category "
                         f"(default --max-new-tokens {mix.MAX_NEW_TOKENS})")
@@ -211,9 +212,6 @@ def config_from_args(args):
         raise CliError(f"--prompts and --workload both name the prompts; give one, got "
                        f"--prompts {args.prompts} --workload {workload}")
     constrained = workload is not None and workload.strip().lower().partition(":")[0] == "json"
-    if constrained and args.llama_peers:
-        raise CliError("--workload json runs exactspec's rows only (Transformers and llama.cpp "
-                       "rows here do not constrain their output): drop --llama-peers")
     if workload is not None:
         try:
             prompts, source = _workload(workload)
