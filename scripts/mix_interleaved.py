@@ -5,11 +5,13 @@ For every prompt of the chosen categories (`exactspec bench --workload mix:N`'s,
 turns answered by plain greedy decoding first), PASSES + 1 passes (the first warms up), each
 running plain decoding and the lookup configurations in a rotating order; EOS honoured. Prints
 each category's total seconds of plain decoding and every configuration's ratio over it; at
-T = 0 also the prompts whose text differs from plain's (a near-tie on llama.cpp's default
+T = 0 also how many texts differ from plain's (a near-tie on llama.cpp's default
 kernels, docs/llamacpp.md).
 
 --llama-cpp adds llama.cpp's plain decoding (llama-cpp-python on the target's GGUF, the same
-threads, greedy at T = 0, stopping at EOS as the others do), and every ratio over it as well.
+threads, greedy at T = 0, stopping at EOS as the others do), and every ratio over it as well,
+in seconds and in tokens per second (its greedy text can differ from exactspec's at a near-tie,
+and then its length too).
 
 --linear-pricing adds a configuration "linear": the γ controller as it was before 2026-12-07
 (an unseen pass size priced on the line between the sizes seen; a round dearer than 1.5 times
@@ -97,7 +99,8 @@ def main() -> None:
                                        eos_token_id=eos)
         return time.perf_counter() - started, out.sequences[0, ids.size(1):].tolist()
 
-    seconds, differ = collections.defaultdict(float), collections.Counter()
+    seconds, tokens, differ = (collections.defaultdict(float), collections.Counter(),
+                               collections.Counter())
     for n in range(args.passes + 1):
         for i, prompt in enumerate(prompts):
             ids = encode_prompt(target, prompt.text, reply_start=prompt.reply_start,
@@ -106,21 +109,26 @@ def main() -> None:
             for kind in kinds[n % len(kinds):] + kinds[:n % len(kinds)]:
                 spent, texts[kind] = run(kind, ids, i)
                 seconds[prompt.kind, kind] += spent if n else 0.0
+                tokens[prompt.kind, kind] += len(texts[kind]) if n else 0
             if n and args.temperature == 0:
-                differ[prompt.kind] += sum(texts[k] != texts["plain"] for k in kinds[1:]
-                                           if k != "llama.cpp")
+                for kind in kinds[1:]:
+                    differ[prompt.kind, kind] += texts[kind] != texts["plain"]
         print(f"pass {n}/{args.passes} done" + (" (warm-up)" if n == 0 else ""), flush=True)
     for category in categories:
         plain = seconds[category, "plain"]
         ratios = "  ".join(f"{kind} {plain / seconds[category, kind]:.3f}×" for kind in kinds[1:])
-        note = f"  ({differ[category]} texts differ from plain's)" if differ[category] else ""
+        differs = ", ".join(f"{kind} {differ[category, kind]}" for kind in kinds[1:]
+                            if differ[category, kind])
+        note = f"  (texts that differ from plain's: {differs})" if differs else ""
         print(f"{category:14s} plain {plain:6.1f} s  {ratios}{note}")
     if llama:
-        print("\nover llama.cpp plain:")
+        print("\nover llama.cpp plain, seconds (tokens per second):")
         for category in categories:
-            base = seconds[category, "llama.cpp"]
-            print(f"{category:14s} " + "  ".join(f"{kind} {base / seconds[category, kind]:.3f}×"
-                                                 for kind in kinds if kind != "llama.cpp"))
+            base, made = seconds[category, "llama.cpp"], tokens[category, "llama.cpp"]
+            print(f"{category:14s} " + "  ".join(
+                f"{kind} {base / seconds[category, kind]:.3f}× "
+                f"({tokens[category, kind] / seconds[category, kind] / (made / base):.3f}×)"
+                for kind in kinds if kind != "llama.cpp"))
 
 
 def llama_cpp_plain(target, temperature: float):
