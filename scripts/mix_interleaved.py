@@ -133,29 +133,19 @@ def main() -> None:
 
 def llama_cpp_plain(target, temperature: float):
     """generate(prompt, max_new_tokens, seed, eos) → tokens: llama-cpp-python's plain decoding on
-    the target's GGUF (`bench.llama_peers`' settings), stopping after an EOS token."""
+    the target's GGUF, as the bench's llama.cpp plain row runs it (`LlamaPeers.plain`), stopping
+    after an EOS token."""
     import torch
 
-    from exactspec.bench.llama_peers import SERVER_CONTEXT, sampling_fields
-    from exactspec.drafters.llamacpp import gguf_file, import_llama_cpp
+    from exactspec.bench.llama_peers import LlamaPeers, sampling_fields
+    from exactspec.drafters.llamacpp import gguf_file
 
-    threads = torch.get_num_threads()  # as the bench's peers
-    llama = import_llama_cpp().Llama(str(gguf_file(target)), n_ctx=SERVER_CONTEXT, n_threads=threads,
-                                     n_threads_batch=threads, verbose=False)
+    peers = LlamaPeers(gguf_file(target), {}, torch.get_num_threads(), None, None, None)
     sampling = sampling_fields(temperature, None, None)
 
     def generate(prompt, max_new_tokens, seed, eos):
-        llama.reset()  # every generation evaluates its whole prompt
-        llama.set_seed(seed)
-        tokens = []
-        for token in llama.generate(prompt, top_k=sampling["top_k"], top_p=sampling["top_p"],
-                                    min_p=0.0, temp=sampling["temperature"], repeat_penalty=1.0):
-            tokens.append(token)
-            if token == eos or len(tokens) == max_new_tokens:
-                break
-        return tokens
+        return peers.plain(prompt, max_new_tokens, seed, sampling, stop={eos})[0]
     return generate
-
 
 if __name__ == "__main__":
     main()

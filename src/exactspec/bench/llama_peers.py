@@ -194,7 +194,7 @@ class LlamaPeers:
             raise ValueError(f"llama.cpp's rows follow JSON schemas only, got a {constraint.kind} "
                              f"constraint")
         if spec.method == "llamacpp":
-            tokens, wall, first = self._plain(prompt, max_new_tokens, seed, sampling, schema)
+            tokens, wall, first = self.plain(prompt, max_new_tokens, seed, sampling, schema)
             return RunResult(tokens, wall, first, first_tokens=1)
         server = self._server(spec, prompt)
         tokens, wall, first, timings = server.complete(prompt, max_new_tokens, seed, sampling, schema)
@@ -206,9 +206,12 @@ class LlamaPeers:
                  "prefill_seconds": timings.get("prompt_ms", 0) / 1e3}
         return RunResult(tokens, wall, first, first_tokens=1, peer_stats=stats)
 
-    def _plain(self, prompt, max_new_tokens, seed, sampling, schema=None):
-        """llama-cpp-python's plain decoding; with a `schema`, under its grammar
-        (`LlamaGrammar.from_json_schema`, made before the clock starts) and until EOS."""
+    def plain(self, prompt: list[int], max_new_tokens: int, seed: int, sampling: dict,
+              schema: dict | None = None, stop=()) -> tuple[list[int], float, float | None]:
+        """(tokens, wall seconds, seconds to the first token) of llama-cpp-python's plain
+        decoding (`sampling_fields`); with a `schema`, under its grammar
+        (`LlamaGrammar.from_json_schema`, made before the clock starts) and until EOS. It also
+        ends after a token in `stop`."""
         from exactspec.drafters.llamacpp import import_llama_cpp
 
         llama_cpp = import_llama_cpp()
@@ -228,7 +231,8 @@ class LlamaPeers:
             if first is None:
                 first = time.perf_counter() - start
             tokens.append(token)
-            ended = grammar is not None and llama_cpp.llama_vocab_is_eog(self.llama._model.vocab, token)
+            ended = token in stop or (grammar is not None and
+                                      llama_cpp.llama_vocab_is_eog(self.llama._model.vocab, token))
             if len(tokens) == max_new_tokens or ended:
                 break
         return tokens, time.perf_counter() - start, first

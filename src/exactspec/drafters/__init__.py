@@ -15,9 +15,9 @@ from exactspec.drafters.tli import TLIDrafter
 from exactspec.models import INTERSECTION, load_model, pair_method, token_list_method, unwrap_model
 
 __all__ = ["AutoDrafter", "Drafter", "LookupOracleDrafter", "ModelDrafter", "NGramDrafter",
-           "NoDraft", "OracleDrafter", "Proposal", "StringDrafter", "TLIDrafter", "default_model_draft", "default_model_spec",
-           "is_llamacpp_spec", "make_drafter", "model_drafter", "other_vocabulary_drafter",
-           "other_vocabulary_method"]
+           "NoDraft", "OracleDrafter", "Proposal", "StringDrafter", "TLIDrafter",
+           "default_model_draft", "default_model_spec", "is_llamacpp_spec", "make_drafter",
+           "model_drafter", "other_vocabulary_drafter", "other_vocabulary_method"]
 
 LLAMACPP = "llamacpp"
 # "METHOD:SPEC": the model draft SPEC of another vocabulary, drafting its text in the target's
