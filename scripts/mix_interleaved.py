@@ -18,13 +18,19 @@ and then its length too).
 its price re-times T(1) even when its size was a guess). Each lookup configuration has a target
 memory of its own, so timings learnt by one do not price the other's rounds.
 
+--prompt-cache (chat-2 only): a chat's second turn as a chat server runs it, after the first in
+the same cache. Before each timed second turn the configuration answers the first turn itself,
+untimed; the second then resumes that KV cache (exactspec: `load_model(..., prompt_cache=True)`;
+llama.cpp: llama-cpp-python's own prefix reuse) and feeds only the tokens after the shared prefix.
+
 usage: python scripts/mix_interleaved.py [--per-category 4] [--categories code-edit,chat-2]
        [--tokens 128] [--passes 2] [--temperature 0] [--target SPEC] [--llama-cpp]
-       [--linear-pricing]
+       [--linear-pricing] [--prompt-cache]
 """
 import argparse
 import collections
 import dataclasses
+import gc
 import time
 
 from exactspec import controller, pricing
@@ -69,26 +75,27 @@ def main() -> None:
     parser.add_argument("--target", default="llamacpp:qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--llama-cpp", action="store_true")
     parser.add_argument("--linear-pricing", action="store_true")
+    parser.add_argument("--prompt-cache", action="store_true")
     args = parser.parse_args()
     categories = args.categories.split(",")
     unknown = sorted(set(categories) - set(mix.CATEGORIES))
     if unknown:
         parser.error(f"--categories: unknown {unknown}; known: {', '.join(mix.CATEGORIES)}")
+    if args.prompt_cache and categories != ["chat-2"]:
+        parser.error(f"--prompt-cache times second turns: --categories chat-2, got {args.categories}")
 
-    target = load_model(args.target)
+    target = load_model(args.target, prompt_cache=args.prompt_cache)
     kinds = ["plain", "lookup"] + (["linear"] if args.linear_pricing else [])
     memories = {kind: dataclasses.replace(target, memory=Memory()) for kind in kinds[1:]}
-    llama = llama_cpp_plain(target, args.temperature) if args.llama_cpp else None
+    llama = llama_cpp_plain(target, args.temperature, args.prompt_cache) if args.llama_cpp else None
     kinds += ["llama.cpp"] if llama else []
     prompts = [p for p in mix.workload_prompts(f"mix:{args.per_category}") if p.kind in categories]
     prompts = mix.answer_first_turns(prompts, mix.greedy_reply(target, args.tokens))
     eos = target.tokenizer.eos_token_id
 
-    def run(kind, ids, seed):
-        started = time.perf_counter()
+    def generate(kind, ids, seed):
         if kind == "llama.cpp":
-            tokens = llama(ids[0].tolist(), args.tokens, seed, eos)
-            return time.perf_counter() - started, tokens
+            return llama(ids[0].tolist(), args.tokens, seed, eos)
         if kind == "plain":
             out = autoregressive_generate(target, ids, max_new_tokens=args.tokens, seed=seed,
                                           temperature=args.temperature, eos_token_id=eos)
@@ -97,7 +104,17 @@ def main() -> None:
             out = speculative_generate(memories[kind], "ngram", ids, gamma="auto", seed=seed,
                                        max_new_tokens=args.tokens, temperature=args.temperature,
                                        eos_token_id=eos)
-        return time.perf_counter() - started, out.sequences[0, ids.size(1):].tolist()
+        return out.sequences[0, ids.size(1):].tolist()
+
+    def run(kind, prompt, ids, seed):
+        if args.prompt_cache:  # the first turn, answered by this configuration, untimed
+            generate(kind, encode_prompt(target, prompt.history[0][1]), seed)
+            gc.collect()  # its target's context goes back to the model, its rows kept
+        started = time.perf_counter()
+        tokens = generate(kind, ids, seed)
+        spent = time.perf_counter() - started
+        gc.collect()
+        return spent, tokens
 
     seconds, tokens, differ = (collections.defaultdict(float), collections.Counter(),
                                collections.Counter())
@@ -107,7 +124,7 @@ def main() -> None:
                                 history=prompt.history)
             texts = {}
             for kind in kinds[n % len(kinds):] + kinds[:n % len(kinds)]:
-                spent, texts[kind] = run(kind, ids, i)
+                spent, texts[kind] = run(kind, prompt, ids, i)
                 seconds[prompt.kind, kind] += spent if n else 0.0
                 tokens[prompt.kind, kind] += len(texts[kind]) if n else 0
             if n and args.temperature == 0:
@@ -131,10 +148,10 @@ def main() -> None:
                 for kind in kinds if kind != "llama.cpp"))
 
 
-def llama_cpp_plain(target, temperature: float):
+def llama_cpp_plain(target, temperature: float, prompt_cache: bool):
     """generate(prompt, max_new_tokens, seed, eos) → tokens: llama-cpp-python's plain decoding on
     the target's GGUF, as the bench's llama.cpp plain row runs it (`LlamaPeers.plain`), stopping
-    after an EOS token."""
+    after an EOS token; prompt_cache: resuming the previous generation's KV cache."""
     import torch
 
     from exactspec.bench.llama_peers import LlamaPeers, sampling_fields
@@ -144,7 +161,8 @@ def llama_cpp_plain(target, temperature: float):
     sampling = sampling_fields(temperature, None, None)
 
     def generate(prompt, max_new_tokens, seed, eos):
-        return peers.plain(prompt, max_new_tokens, seed, sampling, stop={eos})[0]
+        return peers.plain(prompt, max_new_tokens, seed, sampling, stop={eos},
+                           prompt_cache=prompt_cache)[0]
     return generate
 
 if __name__ == "__main__":

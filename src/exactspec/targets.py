@@ -59,7 +59,7 @@ class LlamaCppTarget:
     def __init__(self, model, name: str, vocab_size: int):
         self.model, self.name, self.vocab_size = model, name, vocab_size
         self.device = torch.device("cpu")
-        self.rows = model.gguf.take_rows(self, name, model.n_threads, vocab_size)
+        self.rows = model.gguf.take_rows(self, name, model.n_threads, vocab_size, keep=model.prompt_cache)
 
     calls = property(lambda self: self.rows.calls)
     tokens_fed = property(lambda self: self.rows.tokens_fed)
@@ -73,9 +73,9 @@ class LlamaCppTarget:
         of them are fed apart, after the rest (llama.cpp decodes them as one prompt either way;
         fed apart they are scored as every later round's are, and a greedy generation is the
         same whether its first round drafted or not)."""
-        prompts = self._append(tokens, valid)
+        prompts = self._append(tokens, valid, keep)
         heads = [p[: len(p) - max(keep - 1, 0)] for p in prompts]
-        logits = self.rows.decode(heads)  # [B, V]
+        logits = self.rows.decode([h[len(fed):] for h, fed in zip(heads, self.rows.fed)])  # [B, V]
         self._check(logits.unsqueeze(1), [[len(p) - 1] for p in heads])
         if keep <= 1:
             return logits.unsqueeze(1) if keep else logits
@@ -104,11 +104,15 @@ class LlamaCppTarget:
         prompts = self._append(tokens, valid)
         self.rows.decode([[] for _ in range(first)] + prompts, logits=False)
 
-    def _append(self, tokens: torch.Tensor, valid: torch.Tensor) -> list[list[int]]:
-        """New rows' sequences, and room for their valid tokens; those tokens, per row."""
-        self.rows.add(tokens.size(0), "target")
+    def _append(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int | None = None) -> list[list[int]]:
+        """New rows' sequences, and room for their valid tokens; those tokens, per row. keep (a
+        prefill's): where the model keeps a prompt cache, a row resumes the cached sequence
+        sharing the longest prefix with its prompt less its last max(keep, 1) tokens."""
         prompts = [row[ok.bool()].tolist() for row, ok in zip(tokens, valid)]
-        self.rows.make_room(sum(map(len, prompts)))
+        heads = [p[: len(p) - max(keep - 1, 0)] for p in prompts] if keep is not None else None
+        first = len(self.rows.fed)
+        self.rows.add(tokens.size(0), "target", heads if self.model.prompt_cache else None)
+        self.rows.make_room(sum(len(p) - len(fed) for p, fed in zip(prompts, self.rows.fed[first:])))
         return prompts
 
     def _check(self, logits: torch.Tensor, positions) -> None:

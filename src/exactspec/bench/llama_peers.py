@@ -207,11 +207,12 @@ class LlamaPeers:
         return RunResult(tokens, wall, first, first_tokens=1, peer_stats=stats)
 
     def plain(self, prompt: list[int], max_new_tokens: int, seed: int, sampling: dict,
-              schema: dict | None = None, stop=()) -> tuple[list[int], float, float | None]:
+              schema: dict | None = None, stop=(), prompt_cache: bool = False) -> tuple[list[int], float, float | None]:
         """(tokens, wall seconds, seconds to the first token) of llama-cpp-python's plain
         decoding (`sampling_fields`); with a `schema`, under its grammar
         (`LlamaGrammar.from_json_schema`, made before the clock starts) and until EOS. It also
-        ends after a token in `stop`."""
+        ends after a token in `stop`. prompt_cache: the KV cache is kept, and llama-cpp-python
+        evaluates only what follows the prefix the prompt shares with the previous generation."""
         from exactspec.drafters.llamacpp import import_llama_cpp
 
         llama_cpp = import_llama_cpp()
@@ -221,7 +222,8 @@ class LlamaPeers:
                 n_threads_batch=self.threads, verbose=False)
         grammar = None if schema is None else llama_cpp.LlamaGrammar.from_json_schema(
             json.dumps(schema), verbose=False)
-        self.llama.reset()  # no prompt cache: every generation evaluates its whole prompt
+        if not prompt_cache:
+            self.llama.reset()  # every generation evaluates its whole prompt
         self.llama.set_seed(seed)
         tokens, first = [], None
         start = time.perf_counter()

@@ -110,9 +110,11 @@ class Gguf:
         self.idle: list[Sequences] = []
         self._taking = threading.Lock()  # users in two threads take two contexts
 
-    def take_rows(self, owner, name: str, n_threads: int, vocab_size: int, choice=None) -> Sequences:
-        """Empty rows for `owner`: a context an earlier owner left, its KV cache emptied and its
-        counters zeroed, or a new one; it goes back to `idle` when `owner` is freed. Making a
+    def take_rows(self, owner, name: str, n_threads: int, vocab_size: int, choice=None,
+                  keep: bool = False) -> Sequences:
+        """Empty rows for `owner`: a context an earlier owner left, its KV cache emptied (keep:
+        its rows kept as `Sequences.cached`, a prompt cache) and its counters zeroed, or a new
+        one; it goes back to `idle` when `owner` is freed. Making a
         context costs a pass or more (the 1.5B's: 0.14 s alone, 1.5-3 s beside
         llama-cpp-python's own context; the bundled model's 0.09 s, a dozen draft tokens), so a
         generation does not pay for one."""
@@ -123,7 +125,7 @@ class Gguf:
         if rows is None:
             rows = Sequences(self.llama, name, n_threads, vocab_size, choice, self.invariant)
         rows.name, rows.n_threads, rows.choice, rows.calls, rows.tokens_fed = name, n_threads, choice, 0, 0
-        rows.clear()
+        rows.clear(keep)
         rows.set_threads(n_threads)
         weakref.finalize(owner, self.idle.append, rows)
         return rows
@@ -152,13 +154,15 @@ class LlamaCppModel:
     earlier generation left where there is one (`Gguf.take_rows`). `invariant` (the spec
     `llamacpp:NAME@invariant`): a token's logits do not depend on the size of the decode that
     scored it, so greedy speculative output is plain greedy output token for token, whatever γ
-    (`INVARIANT_TOKENS`)."""
+    (`INVARIANT_TOKENS`). `prompt_cache`: a generation resumes the rows an earlier one left in
+    its context where their tokens begin its prompt (`Sequences.add`), and feeds only the rest."""
 
     backend = "llamacpp"
 
-    def __init__(self, path: str | os.PathLike, name: str, invariant: bool = False):
+    def __init__(self, path: str | os.PathLike, name: str, invariant: bool = False,
+                 prompt_cache: bool = False):
         self.path = Path(path).expanduser().resolve()
-        self.invariant = invariant
+        self.invariant, self.prompt_cache = invariant, prompt_cache
         self.gguf = load_gguf(str(self.path), invariant)
         self.llama = self.gguf.llama
         self.device = torch.device("cpu")
@@ -191,26 +195,54 @@ class Sequences:
         self.context = None
         self.seqs: list[int] = []
         self.fed: list[list[int]] = []
+        self.cached: dict[int, list[int]] = {}
         self.calls = self.tokens_fed = 0
 
-    def clear(self) -> None:
-        """No rows (the context, if made, is kept and its KV cache emptied)."""
+    def clear(self, keep: bool = False) -> None:
+        """No rows (the context, if made, is kept and its KV cache emptied). keep: the rows'
+        sequences stay in the KV cache as `cached` (sequence → its tokens) for `add` to resume."""
         if self.context is None:
             self.new_context(FIRST_CONTEXT)
-        else:
+        elif not keep:
             self.llama.llama_memory_clear(self.memory, True)
+        self.cached = dict(zip(self.seqs, self.fed)) if keep and self.context is not None else {}
         self.seqs, self.fed = [], []
 
-    def add(self, rows: int, what: str) -> None:
-        """`rows` new rows, appended last, each an empty free sequence."""
-        free = sorted(set(range(MAX_ROWS)) - set(self.seqs))
+    def add(self, rows: int, what: str, prompts: list[list[int]] | None = None) -> None:
+        """`rows` new rows, appended last, each an empty free sequence. With `prompts` (row i's
+        prompt is prompts[i]), a row may resume a `cached` sequence instead: the one sharing the
+        longest prefix with its prompt, cut to that prefix and to at most len(prompt) − 1 tokens,
+        so that the row's prompt still feeds a token. The cached sequences no row resumes are
+        emptied."""
+        resumed = [self._resume(prompt) for prompt in prompts or []]
+        for seq in self.cached:
+            self.llama.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        self.cached = {}
+        free = sorted(set(range(MAX_ROWS)) - set(self.seqs) - {r[0] for r in resumed if r})
         if rows > len(free):
             raise ValueError(f"{what} {self.name!r} serves at most {MAX_ROWS} rows at once, "
                              f"got {len(self.seqs) + rows}")
-        for seq in free[:rows]:
-            self.llama.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        free.reverse()
+        for i in range(rows):
+            seq, fed = resumed[i] if i < len(resumed) and resumed[i] else (free.pop(), [])
+            self.llama.llama_memory_seq_rm(self.memory, seq, len(fed), -1)
             self.seqs.append(seq)
-            self.fed.append([])
+            self.fed.append(fed)
+
+    def _resume(self, prompt: list[int]) -> tuple[int, list[int]] | None:
+        """The cached sequence sharing the longest prefix with prompt (taken out of `cached`),
+        and that prefix, at most len(prompt) − 1 tokens; None where none shares a token."""
+        def shared(tokens):
+            n = 0
+            for a, b in zip(tokens, prompt[:-1]):
+                if a != b:
+                    break
+                n += 1
+            return n
+
+        best = max(self.cached, key=lambda seq: shared(self.cached[seq]), default=None)
+        n = shared(self.cached[best]) if best is not None else 0
+        return (best, self.cached.pop(best)[:n]) if n else None
 
     def select(self, keep: list[int]) -> None:
         """Keep only these rows, in this order; the others free their sequences."""

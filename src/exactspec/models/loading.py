@@ -180,7 +180,7 @@ def _resolve_hub(name: str) -> bool:
     return False
 
 
-def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
+def _load_llamacpp(name: str, dtype, device, placed: bool, prompt_cache: bool) -> LoadedModel:
     """A GGUF file as a llama.cpp target (see `load_model`): its own quantization, on the CPU,
     its tokenizer from the file."""
     from exactspec.models.llamacpp import LlamaCppModel, import_llama_cpp
@@ -201,7 +201,7 @@ def _load_llamacpp(name: str, dtype, device, placed: bool) -> LoadedModel:
         file = file.strip().lower()
     import_llama_cpp()  # ImportError with the install line, before any file is read
     with gguf_errors(gguf):
-        model = LlamaCppModel(gguf, file, invariant)
+        model = LlamaCppModel(gguf, file, invariant, prompt_cache)
     name = f"{file}@{INVARIANT}" if invariant else file
     return LoadedModel(model=model, tokenizer=gguf_tokenizer(gguf), name=name, dtype=torch.float32,
                        device=torch.device("cpu"), backend="llamacpp")
@@ -224,7 +224,7 @@ def invariant_option(name: str) -> tuple[str, bool]:
 def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | torch.dtype | None = None,
                device: str | torch.device | None = None, *, backend: str = "torch", tp: bool = False,
                device_map: str | dict | None = None, max_memory: dict | None = None,
-               offload_folder: str | os.PathLike | None = None) -> LoadedModel:
+               offload_folder: str | os.PathLike | None = None, prompt_cache: bool = False) -> LoadedModel:
     """Load a causal LM and its tokenizer from a model spec ``NAME_OR_PATH[@DTYPE]``.
 
     backend: "torch" (default; a Hugging Face model, GGUF files dequantized to float) or
@@ -232,6 +232,10 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
     quantization, on the CPU: a target for `speculative_generate`; no dtype, device_map or tp).
     The spec ``llamacpp:NAME_OR_PATH`` means backend="llamacpp"; ``llamacpp:NAME_OR_PATH@invariant``
     a llama.cpp target whose logits do not depend on a decode's size (`models.llamacpp.INVARIANT`).
+    prompt_cache=True (llamacpp only): a generation resumes the KV cache of the previous one where
+    their prompts begin alike (a chat's next turn), as llama-cpp-python and llama-server do.
+    It changes no logit on an ``@invariant`` target; on llama.cpp's default kernels the prefix it
+    keeps was scored by other decode sizes, so a greedy text can differ at a near-tie.
 
     dtype: "float32" (default), "bfloat16" or "float16"; may also come from the spec's ``@DTYPE``
     (giving both with different values is an error). device: "cpu" or "cuda" (default: cuda when
@@ -257,7 +261,10 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "llamacpp":
         placed = tp or device_map is not None or max_memory is not None or offload_folder is not None
-        return _load_llamacpp(os.fspath(name_or_path), dtype, device, placed)
+        return _load_llamacpp(os.fspath(name_or_path), dtype, device, placed, prompt_cache)
+    if prompt_cache:
+        raise ValueError("prompt_cache=True: only a llama.cpp target keeps a prompt cache "
+                         "(backend='llamacpp')")
     name, torch_dtype = _name_and_dtype(name_or_path, dtype)
     placement = placement_arguments(device, tp, device_map, max_memory, offload_folder)
     torch_device = _torch_device(device, tp)
