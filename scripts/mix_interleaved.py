@@ -18,14 +18,18 @@ and then its length too).
 its price re-times T(1) even when its size was a guess). Each lookup configuration has a target
 memory of its own, so timings learnt by one do not price the other's rounds.
 
+--llama-server TYPES (comma-separated: plain, ngram-mod, ngram-simple, ngram-cache) adds
+llama-server rows, each request on a fresh server (started untimed, as the bench starts one for
+an n-gram type that remembers requests), stopping at EOS; timed by the client, like the rest.
+
 --prompt-cache (chat-2 only): a chat's second turn as a chat server runs it, after the first in
 the same cache. Before each timed second turn the configuration answers the first turn itself,
 untimed; the second then resumes that KV cache (exactspec: `load_model(..., prompt_cache=True)`;
-llama.cpp: llama-cpp-python's own prefix reuse) and feeds only the tokens after the shared prefix.
+llama.cpp: llama-cpp-python's own prefix reuse; llama-server: `cache_prompt`) and feeds only the tokens after the shared prefix.
 
 usage: python scripts/mix_interleaved.py [--per-category 4] [--categories code-edit,chat-2]
        [--tokens 128] [--passes 2] [--temperature 0] [--target SPEC] [--llama-cpp]
-       [--linear-pricing] [--prompt-cache]
+       [--linear-pricing] [--llama-server plain,ngram-mod] [--prompt-cache]
 """
 import argparse
 import collections
@@ -75,6 +79,7 @@ def main() -> None:
     parser.add_argument("--target", default="llamacpp:qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--llama-cpp", action="store_true")
     parser.add_argument("--linear-pricing", action="store_true")
+    parser.add_argument("--llama-server", default="")
     parser.add_argument("--prompt-cache", action="store_true")
     args = parser.parse_args()
     categories = args.categories.split(",")
@@ -89,6 +94,9 @@ def main() -> None:
     memories = {kind: dataclasses.replace(target, memory=Memory()) for kind in kinds[1:]}
     llama = llama_cpp_plain(target, args.temperature, args.prompt_cache) if args.llama_cpp else None
     kinds += ["llama.cpp"] if llama else []
+    servers = [f"server:{t}" for t in args.llama_server.split(",") if t]
+    server = llama_server(target, args.temperature, args.prompt_cache) if servers else None
+    kinds += servers
     prompts = [p for p in mix.workload_prompts(f"mix:{args.per_category}") if p.kind in categories]
     prompts = mix.answer_first_turns(prompts, mix.greedy_reply(target, args.tokens))
     eos = target.tokenizer.eos_token_id
@@ -96,6 +104,8 @@ def main() -> None:
     def generate(kind, ids, seed):
         if kind == "llama.cpp":
             return llama(ids[0].tolist(), args.tokens, seed, eos)
+        if kind.startswith("server:"):
+            return server(ids[0].tolist(), args.tokens, seed)
         if kind == "plain":
             out = autoregressive_generate(target, ids, max_new_tokens=args.tokens, seed=seed,
                                           temperature=args.temperature, eos_token_id=eos)
@@ -107,6 +117,8 @@ def main() -> None:
         return out.sequences[0, ids.size(1):].tolist()
 
     def run(kind, prompt, ids, seed):
+        if kind.startswith("server:"):
+            server.start(kind.removeprefix("server:"), ids[0].tolist())
         if args.prompt_cache:  # the first turn, answered by this configuration, untimed
             generate(kind, encode_prompt(target, prompt.history[0][1]), seed)
             gc.collect()  # its target's context goes back to the model, its rows kept
@@ -114,7 +126,10 @@ def main() -> None:
         tokens = generate(kind, ids, seed)
         spent = time.perf_counter() - started
         gc.collect()
-        return spent, tokens
+        if kind.startswith("server:"):
+            server.stop()
+            server.fed = [a + b for a, b in zip(server.fed, server.evaluated)]
+        return spent, [t for t in tokens if t != eos]  # llama-server leaves the EOS token out
 
     seconds, tokens, differ = (collections.defaultdict(float), collections.Counter(),
                                collections.Counter())
@@ -138,6 +153,8 @@ def main() -> None:
                             if differ[category, kind])
         note = f"  (texts that differ from plain's: {differs})" if differs else ""
         print(f"{category:14s} plain {plain:6.1f} s  {ratios}{note}")
+    if server:
+        print(f"llama-server fed {server.fed[0]} of its {server.fed[1]} prompt tokens (every pass)")
     if llama:
         print("\nover llama.cpp plain, seconds (tokens per second):")
         for category in categories:
@@ -164,6 +181,41 @@ def llama_cpp_plain(target, temperature: float, prompt_cache: bool):
         return peers.plain(prompt, max_new_tokens, seed, sampling, stop={eos},
                            prompt_cache=prompt_cache)[0]
     return generate
+
+class llama_server:
+    """llama-server on the target's GGUF: `start(draft, prompt)` a fresh server (draft "plain" or
+    an n-gram type; warmed as the bench warms one), then generate(prompt, max_new_tokens, seed)
+    → tokens, stopping at EOS; `stop`."""
+
+    def __init__(self, target, temperature: float, prompt_cache: bool):
+        import torch
+
+        from exactspec.bench.llama_peers import find_llama_server, sampling_fields
+        from exactspec.drafters.llamacpp import gguf_file
+
+        self.binary, self.gguf, self.threads = find_llama_server(), gguf_file(target), torch.get_num_threads()
+        if self.binary is None:
+            raise SystemExit("--llama-server: no llama-server (make peers)")
+        self.sampling, self.prompt_cache, self.running = (sampling_fields(temperature, None, None),
+                                                          prompt_cache, None)
+        self.evaluated, self.fed = (0, 0), [0, 0]
+
+    def start(self, draft: str, prompt: list[int]) -> None:
+        from exactspec.bench.llama_peers import LlamaServer, server_arguments
+
+        self.running = LlamaServer(self.binary, self.gguf, self.threads,
+                                   server_arguments(None if draft == "plain" else draft, None, None))
+        self.running.warm(prompt)
+
+    def __call__(self, prompt: list[int], max_new_tokens: int, seed: int) -> list[int]:
+        tokens, _, _, timings = self.running.complete(prompt, max_new_tokens, seed, self.sampling,
+                                                      eos=True, cache_prompt=self.prompt_cache)
+        self.evaluated = (timings.get("prompt_n", 0), len(prompt))  # prompt tokens it fed, of all
+        return tokens
+
+    def stop(self) -> None:
+        self.running.stop()
+
 
 if __name__ == "__main__":
     main()

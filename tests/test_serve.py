@@ -429,3 +429,44 @@ def test_response_format_needs_a_tokenizer_llguidance_reads(server):
     response = httpx.post(server.url + "/v1/completions", timeout=30,
                           json={"prompt": PROMPT, "response_format": {"type": "json_object"}})
     assert response.status_code == 400 and response.json()["error"]["param"] == "response_format"
+
+
+@pytest.mark.slow
+def test_a_prompt_cache_feeds_a_chats_next_turn_only_its_new_tokens():
+    """`serve --prompt-cache` on an invariant llama.cpp target: the second turn resumes the
+    first's KV cache (its target feeds fewer tokens than its prompt holds) and its greedy reply
+    is plain decoding's of the whole conversation, by a target without the cache."""
+    import torch
+
+    from exactspec.engine import autoregressive_generate
+    from exactspec.models import load_model
+
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra is not installed")
+    spec = "llamacpp:smollm2-135m-instruct@invariant"
+    srv = Server(ServeConfig(target=spec, draft="none", prompt_cache=True, model_name="tiny"))
+    try:
+        messages = [{"role": "user", "content": "Name three colours."}]
+        first = srv.client.chat.completions.create(model="tiny", messages=messages, max_tokens=16,
+                                                   temperature=0).choices[0].message.content
+        messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "Two more?"}]
+        second = srv.client.chat.completions.create(model="tiny", messages=messages, max_tokens=16,
+                                                    temperature=0)
+        idle = srv.state.target.model.gguf.idle
+        deadline = time.time() + 30
+        while not idle and time.time() < deadline:  # the batch's target is freed after its reply
+            time.sleep(0.05)
+        fed = idle[0].tokens_fed  # the second turn's prefill and its 15 one-token steps
+    finally:
+        srv.close()
+    assert fed < second.usage.prompt_tokens
+    plain = load_model(spec)
+    ids = torch.tensor([plain.tokenizer.apply_chat_template(messages, add_generation_prompt=True)])
+    assert ids.size(1) == second.usage.prompt_tokens
+    out = autoregressive_generate(plain, ids, max_new_tokens=16, temperature=0.0)
+    expected = plain.tokenizer.decode(out.sequences[0, ids.size(1):].tolist(), skip_special_tokens=True)
+    assert second.choices[0].message.content == expected.strip()
+
+
+def test_serve_refuses_a_prompt_cache_without_a_llama_cpp_target(capsys):
+    assert main(["serve", "--target", "smollm2-135m-instruct", "--prompt-cache"]) == 2
+    assert "--prompt-cache: only a llama.cpp target keeps one" in capsys.readouterr().err

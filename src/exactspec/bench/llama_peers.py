@@ -134,12 +134,14 @@ class LlamaServer:
         raise error
 
     def complete(self, prompt: list[int], max_new_tokens: int, seed: int, sampling: dict,
-                 schema: dict | None = None):
+                 schema: dict | None = None, eos: bool = False, cache_prompt: bool = False):
         """(tokens, wall seconds, seconds to the first token, timings) of one streamed request;
         with a JSON `schema`, constrained to it and ending at EOS (its own grammar,
-        `json_schema`)."""
-        constrained = {"json_schema": schema} if schema is not None else {"ignore_eos": True}
-        body = json.dumps({"prompt": prompt, "n_predict": max_new_tokens, "cache_prompt": False,
+        `json_schema`); eos: ending at EOS without one. cache_prompt: the server resumes its
+        slot's KV cache where the prompt begins as the previous request's did."""
+        constrained = ({"json_schema": schema} if schema is not None else {} if eos
+                       else {"ignore_eos": True})
+        body = json.dumps({"prompt": prompt, "n_predict": max_new_tokens, "cache_prompt": cache_prompt,
                            "stream": True, "return_tokens": True, "seed": seed, **constrained,
                            **sampling})
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)

@@ -40,6 +40,10 @@ def register(subparsers) -> None:
     serve.add_argument("--tp", action="store_true",
                        help="split the target over the ranks of `torchrun --nproc-per-node N`: "
                             "rank 0 serves, the other ranks follow its batches")
+    serve.add_argument("--prompt-cache", action="store_true",
+                       help="a llama.cpp target keeps the KV cache a batch leaves, and a request "
+                            "whose prompt begins with a row of it (a chat's next turn) feeds "
+                            "only the rest (--target llamacpp:...)")
     serve.set_defaults(func=run_serve)
     _register_bench(subparsers)
 
@@ -58,10 +62,13 @@ def run_serve(args) -> int:
     if replicas > 1 and args.tp:
         raise CliError(f"--replicas {replicas} and --tp cannot be combined: each replica would "
                        "need its own torchrun group")
+    if args.prompt_cache and not args.target.strip().lower().startswith("llamacpp:"):
+        raise CliError(f"--prompt-cache: only a llama.cpp target keeps one "
+                       f"(--target llamacpp:NAME), got --target {args.target}")
     config = ServeConfig(target=args.target, draft=args.draft, gamma=gamma,
                          max_batch=parse_int("--max-batch", args.max_batch, 1),
                          max_queue=parse_int("--max-queue", args.max_queue, 0),
-                         model_name=args.model_name)
+                         model_name=args.model_name, prompt_cache=args.prompt_cache)
     if replicas > 1:
         return _serve_replicas(config, replicas, args.host, port)
     if args.tp and _serve_tp(config):

@@ -43,6 +43,7 @@ class ServeConfig:
     max_queue: int = 64
     model_name: str | None = None  # the id clients use; default: the target spec as given
     tp: bool = False  # the target split over torchrun's ranks: rank 0 serves (serve.lockstep)
+    prompt_cache: bool = False  # a llama.cpp target resumes what the last batch left (load_model)
 
 
 class ServerState:
@@ -65,7 +66,7 @@ class ServerState:
             config = self.config
             target = config.target
             if isinstance(target, str):
-                target = load_model(target, tp=config.tp)
+                target = load_model(target, tp=config.tp, prompt_cache=config.prompt_cache)
             make_drafter = drafter_factory(config.draft, target)
             make_drafter()  # a bad spec fails now, not at the first request
             self.target, self.context = target, context_length(target)
