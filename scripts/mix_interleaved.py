@@ -23,9 +23,12 @@ llama-server rows, each request on a fresh server (started untimed, as the bench
 an n-gram type that remembers requests), stopping at EOS; timed by the client, like the rest.
 
 --prompt-cache (chat-2 only): a chat's second turn as a chat server runs it, after the first in
-the same cache. Before each timed second turn the configuration answers the first turn itself,
-untimed; the second then resumes that KV cache (exactspec: `load_model(..., prompt_cache=True)`;
-llama.cpp: llama-cpp-python's own prefix reuse; llama-server: `cache_prompt`) and feeds only the tokens after the shared prefix.
+the same cache. Before each timed second turn the configuration's cache is filled, untimed, with
+the conversation so far (the first turn and its reply, through the chat template: the prefix
+chat-2's prompt begins with), by generating one token after it. The second turn then resumes
+that KV cache (exactspec: `load_model(..., prompt_cache=True)`; llama.cpp: llama-cpp-python's own
+prefix reuse; llama-server: `cache_prompt`) and feeds only the rest of its prompt. Every
+configuration resumes the same prefix, whatever reply it would have given itself.
 
 usage: python scripts/mix_interleaved.py [--per-category 4] [--categories code-edit,chat-2]
        [--tokens 128] [--passes 2] [--temperature 0] [--target SPEC] [--llama-cpp]
@@ -92,43 +95,56 @@ def main() -> None:
     target = load_model(args.target, prompt_cache=args.prompt_cache)
     kinds = ["plain", "lookup"] + (["linear"] if args.linear_pricing else [])
     memories = {kind: dataclasses.replace(target, memory=Memory()) for kind in kinds[1:]}
-    llama = llama_cpp_plain(target, args.temperature, args.prompt_cache) if args.llama_cpp else None
+    llama = llama_cpp_plain(target, args.prompt_cache) if args.llama_cpp else None
     kinds += ["llama.cpp"] if llama else []
     servers = [f"server:{t}" for t in args.llama_server.split(",") if t]
-    server = llama_server(target, args.temperature, args.prompt_cache) if servers else None
+    server = llama_server(target, args.prompt_cache) if servers else None
     kinds += servers
     prompts = [p for p in mix.workload_prompts(f"mix:{args.per_category}") if p.kind in categories]
     prompts = mix.answer_first_turns(prompts, mix.greedy_reply(target, args.tokens))
     eos = target.tokenizer.eos_token_id
+    plain_fed, plain_total = [0, 0], [0, 0]  # prompt tokens fed, of all: the last plain run's, every one's
 
-    def generate(kind, ids, seed):
+    def conversation(prompt, ids) -> int:
+        """How many of chat-2's prompt ids hold its earlier turns (the template's rendering of
+        them, as far as it agrees with the prompt)."""
+        turns = [{"role": role, "content": content} for role, content in prompt.history]
+        done = target.tokenizer.apply_chat_template(turns)
+        done = done if isinstance(done, list) else done["input_ids"]
+        return next((i for i, (a, b) in enumerate(zip(done, ids[0].tolist())) if a != b), len(done))
+
+    def generate(kind, ids, seed, temperature, max_new_tokens=args.tokens):
         if kind == "llama.cpp":
-            return llama(ids[0].tolist(), args.tokens, seed, eos)
+            return llama(ids[0].tolist(), max_new_tokens, seed, eos, temperature)
         if kind.startswith("server:"):
-            return server(ids[0].tolist(), args.tokens, seed)
+            return server(ids[0].tolist(), max_new_tokens, seed, temperature)
         if kind == "plain":
-            out = autoregressive_generate(target, ids, max_new_tokens=args.tokens, seed=seed,
-                                          temperature=args.temperature, eos_token_id=eos)
+            out = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, seed=seed,
+                                          temperature=temperature, eos_token_id=eos)
+            new = out.sequences.size(1) - ids.size(1)  # each fed once but the last
+            plain_fed[:] = out.stats.target_tokens_fed - (new - 1), ids.size(1)
         else:
             controller.between, controller.GammaController._check_price = PRICING[kind]
             out = speculative_generate(memories[kind], "ngram", ids, gamma="auto", seed=seed,
-                                       max_new_tokens=args.tokens, temperature=args.temperature,
+                                       max_new_tokens=max_new_tokens, temperature=temperature,
                                        eos_token_id=eos)
         return out.sequences[0, ids.size(1):].tolist()
 
     def run(kind, prompt, ids, seed):
         if kind.startswith("server:"):
             server.start(kind.removeprefix("server:"), ids[0].tolist())
-        if args.prompt_cache:  # the first turn, answered by this configuration, untimed
-            generate(kind, encode_prompt(target, prompt.history[0][1]), seed)
+        if args.prompt_cache:  # the conversation so far into the cache, untimed
+            generate(kind, ids[:, :conversation(prompt, ids)], seed, 0.0, max_new_tokens=1)
             gc.collect()  # its target's context goes back to the model, its rows kept
         started = time.perf_counter()
-        tokens = generate(kind, ids, seed)
+        tokens = generate(kind, ids, seed, args.temperature)
         spent = time.perf_counter() - started
         gc.collect()
         if kind.startswith("server:"):
             server.stop()
             server.fed = [a + b for a, b in zip(server.fed, server.evaluated)]
+        if kind == "plain":
+            plain_total[:] = [a + b for a, b in zip(plain_total, plain_fed)]
         return spent, [t for t in tokens if t != eos]  # llama-server leaves the EOS token out
 
     seconds, tokens, differ = (collections.defaultdict(float), collections.Counter(),
@@ -153,6 +169,7 @@ def main() -> None:
                             if differ[category, kind])
         note = f"  (texts that differ from plain's: {differs})" if differs else ""
         print(f"{category:14s} plain {plain:6.1f} s  {ratios}{note}")
+    print(f"exactspec plain fed {plain_total[0]} of its {plain_total[1]} prompt tokens (every pass)")
     if server:
         print(f"llama-server fed {server.fed[0]} of its {server.fed[1]} prompt tokens (every pass)")
     if llama:
@@ -165,8 +182,8 @@ def main() -> None:
                 for kind in kinds if kind != "llama.cpp"))
 
 
-def llama_cpp_plain(target, temperature: float, prompt_cache: bool):
-    """generate(prompt, max_new_tokens, seed, eos) → tokens: llama-cpp-python's plain decoding on
+def llama_cpp_plain(target, prompt_cache: bool):
+    """generate(prompt, max_new_tokens, seed, eos, temperature) → tokens: llama-cpp-python's plain decoding on
     the target's GGUF, as the bench's llama.cpp plain row runs it (`LlamaPeers.plain`), stopping
     after an EOS token; prompt_cache: resuming the previous generation's KV cache."""
     import torch
@@ -175,29 +192,27 @@ def llama_cpp_plain(target, temperature: float, prompt_cache: bool):
     from exactspec.drafters.llamacpp import gguf_file
 
     peers = LlamaPeers(gguf_file(target), {}, torch.get_num_threads(), None, None, None)
-    sampling = sampling_fields(temperature, None, None)
 
-    def generate(prompt, max_new_tokens, seed, eos):
-        return peers.plain(prompt, max_new_tokens, seed, sampling, stop={eos},
-                           prompt_cache=prompt_cache)[0]
+    def generate(prompt, max_new_tokens, seed, eos, temperature):
+        return peers.plain(prompt, max_new_tokens, seed, sampling_fields(temperature, None, None),
+                           stop={eos}, prompt_cache=prompt_cache)[0]
     return generate
 
 class llama_server:
     """llama-server on the target's GGUF: `start(draft, prompt)` a fresh server (draft "plain" or
-    an n-gram type; warmed as the bench warms one), then generate(prompt, max_new_tokens, seed)
-    → tokens, stopping at EOS; `stop`."""
+    an n-gram type; warmed as the bench warms one), then generate(prompt, max_new_tokens, seed,
+    temperature) → tokens, stopping at EOS; `stop`."""
 
-    def __init__(self, target, temperature: float, prompt_cache: bool):
+    def __init__(self, target, prompt_cache: bool):
         import torch
 
-        from exactspec.bench.llama_peers import find_llama_server, sampling_fields
+        from exactspec.bench.llama_peers import find_llama_server
         from exactspec.drafters.llamacpp import gguf_file
 
         self.binary, self.gguf, self.threads = find_llama_server(), gguf_file(target), torch.get_num_threads()
         if self.binary is None:
             raise SystemExit("--llama-server: no llama-server (make peers)")
-        self.sampling, self.prompt_cache, self.running = (sampling_fields(temperature, None, None),
-                                                          prompt_cache, None)
+        self.prompt_cache, self.running = prompt_cache, None
         self.evaluated, self.fed = (0, 0), [0, 0]
 
     def start(self, draft: str, prompt: list[int]) -> None:
@@ -207,8 +222,11 @@ class llama_server:
                                    server_arguments(None if draft == "plain" else draft, None, None))
         self.running.warm(prompt)
 
-    def __call__(self, prompt: list[int], max_new_tokens: int, seed: int) -> list[int]:
-        tokens, _, _, timings = self.running.complete(prompt, max_new_tokens, seed, self.sampling,
+    def __call__(self, prompt: list[int], max_new_tokens: int, seed: int, temperature: float) -> list[int]:
+        from exactspec.bench.llama_peers import sampling_fields
+
+        tokens, _, _, timings = self.running.complete(prompt, max_new_tokens, seed,
+                                                      sampling_fields(temperature, None, None),
                                                       eos=True, cache_prompt=self.prompt_cache)
         self.evaluated = (timings.get("prompt_n", 0), len(prompt))  # prompt tokens it fed, of all
         return tokens

@@ -1,9 +1,10 @@
 """`load_model("llamacpp:...", prompt_cache=True)`: a generation resumes the KV cache the previous
 one left where the tokens begin its prompt (a chat's next turn), and feeds only the rest.
 
-On an ``@invariant`` target a token's logits do not depend on the decodes that cached its
-prefix, so a resumed prompt must score bit for bit as a fresh one: that is the check that the
-cache keeps exactly the shared prefix (a stale cell past it would be attended to).
+On the bundled model ``@invariant`` (Q4_1: no product of its changes kernels with a decode's
+size there) a token's logits do not depend on the decodes that cached its prefix, so a resumed
+prompt must score bit for bit as a fresh one: that is the check that the cache keeps exactly
+the shared prefix (a stale cell past it would be attended to).
 """
 from __future__ import annotations
 
@@ -109,3 +110,31 @@ def test_a_model_without_the_cache_empties_what_an_earlier_one_left(cached, fres
 def test_only_a_llama_cpp_target_keeps_a_prompt_cache():
     with pytest.raises(ValueError, match="prompt_cache=True: only a llama.cpp target"):
         load_model("smollm2-135m-instruct", prompt_cache=True)
+
+
+def test_rows_of_a_batch_resume_what_begins_their_own_prompts(cached, fresh):
+    first = first_turn(cached)
+    turn = second_turn(cached, first)
+    other = encode_prompt(cached, "Something else entirely, please.")
+    width = max(turn.size(1), other.size(1))
+    ids = torch.zeros(2, width, dtype=torch.long)
+    valid = torch.zeros(2, width, dtype=torch.bool)
+    for row, prompt in enumerate([other, turn]):  # left-padded
+        ids[row, width - prompt.size(1):], valid[row, width - prompt.size(1):] = prompt[0], True
+    target = LlamaCppTarget(cached.model, cached.name, cached.vocab_size)
+    resumed = target.prefill(ids, valid)
+    assert [len(fed) for fed in target.rows.fed] == [other.size(1), turn.size(1)]
+    fed = target.tokens_fed
+    del target
+    gc.collect()
+    assert fed < other.size(1) + turn.size(1) - first.size(1) + 2  # the second row resumed
+    for row, prompt in enumerate([other, turn]):
+        assert torch.equal(resumed[row], prefill(fresh, prompt)[0][0])
+
+
+def test_a_generation_that_feeds_nothing_keeps_the_cache_for_the_next(cached):
+    first = first_turn(cached)
+    speculative_generate(cached, "ngram", first, gamma=3, max_new_tokens=0)
+    gc.collect()
+    _, fed = prefill(cached, second_turn(cached, first))
+    assert fed < second_turn(cached, first).size(1) - first.size(1) + 2

@@ -11,13 +11,14 @@ import hashlib
 import re
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from exactspec.bench import humaneval
 from exactspec.bench.config import BenchConfig, RunSpec, plan
-from exactspec.bench.llama_peers import LlamaPeers, remembers, sampling_fields, server_arguments
+from exactspec.bench.llama_peers import LlamaPeers, LlamaServer, remembers, sampling_fields, server_arguments
 from exactspec.constraints import Constraint
 from exactspec.controller import GammaController
 from exactspec.models import packaged
@@ -224,7 +225,7 @@ def test_llama_peer_configurations():
 
 # A stand-in llama-server: /health, and /completion streaming one chunk whose tokens say what the
 # server saw before the request (the lengths of the earlier prompts), as llama-server's ngram-mod
-# table would remember them.
+# table would remember them; then -1 where the request ends at EOS, -2 where it keeps its cache.
 FAKE_SERVER = """\
 import http.server, json, sys
 seen = []
@@ -235,8 +236,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.end_headers()
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        constrained = [-1] if "json_schema" in body and "ignore_eos" not in body else []
-        chunk = {"tokens": list(seen) + constrained, "stop": True, "timings": {"predicted_ms": 1.0}}
+        constrained = [-1] if "ignore_eos" not in body else []
+        cached = [-2] if body["cache_prompt"] else []
+        chunk = {"tokens": list(seen) + constrained + cached, "stop": True, "timings": {"predicted_ms": 1.0}}
         seen.append(len(body["prompt"]))
         self.send_response(200); self.end_headers()
         self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\\n")
@@ -249,10 +251,7 @@ def test_a_server_that_remembers_requests_is_fresh_for_each(tmp_path):
     """llama-server's ngram-mod drafts from every earlier request's text, so each of its
     requests meets a new server, warmed by one prompt too short to be remembered; a plain
     server is started once. A JSON schema goes with the request, which then ends at EOS."""
-    binary = tmp_path / "llama-server"
-    binary.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE_SERVER))
-    binary.chmod(0o755)
-    peers = LlamaPeers(tmp_path / "t.gguf", {}, 1, None, None, binary)
+    peers = LlamaPeers(tmp_path / "t.gguf", {}, 1, None, None, fake_server(tmp_path))
     prompt = torch.arange(40).view(1, 40)
     try:
         plain = [peers.run(RunSpec("llama_server", 0.0), prompt, 0, 4).tokens for _ in range(2)]
@@ -269,6 +268,24 @@ def test_a_server_that_remembers_requests_is_fresh_for_each(tmp_path):
     assert constrained == [40, 40, -1]  # sent its schema, and EOS ends it
     assert remembers("ngram-mod") and remembers("llamacpp:d+ngram-mod") and remembers("ngram-cache")
     assert not remembers(None) and not remembers("llamacpp:d")
+
+
+def fake_server(folder: Path) -> Path:
+    binary = folder / "llama-server"
+    binary.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE_SERVER))
+    binary.chmod(0o755)
+    return binary
+
+
+def test_a_server_request_may_end_at_eos_and_keep_its_prompt_cache(tmp_path):
+    server = LlamaServer(fake_server(tmp_path), tmp_path / "t.gguf", 1, [])
+    sampling = sampling_fields(0.0, None, None)
+    try:
+        bench = server.complete([1, 2, 3], 4, 0, sampling)[0]
+        chat = server.complete([1, 2, 3, 4], 4, 0, sampling, eos=True, cache_prompt=True)[0]
+    finally:
+        server.stop()
+    assert bench == [] and chat == [3, -1, -2]
 
 
 def test_hf_gammas_replace_the_integer_gammas_for_transformers():

@@ -433,9 +433,10 @@ def test_response_format_needs_a_tokenizer_llguidance_reads(server):
 
 @pytest.mark.slow
 def test_a_prompt_cache_feeds_a_chats_next_turn_only_its_new_tokens():
-    """`serve --prompt-cache` on an invariant llama.cpp target: the second turn resumes the
-    first's KV cache (its target feeds fewer tokens than its prompt holds) and its greedy reply
-    is plain decoding's of the whole conversation, by a target without the cache."""
+    """`serve --prompt-cache` on a llama.cpp target: the second turn's batch resumes the first's
+    KV cache (its context fed fewer tokens than the prompt holds) and its greedy reply is plain
+    decoding's of the whole conversation by a target without the cache (@invariant: no
+    near-tie between the two)."""
     import torch
 
     from exactspec.engine import autoregressive_generate
@@ -449,22 +450,22 @@ def test_a_prompt_cache_feeds_a_chats_next_turn_only_its_new_tokens():
         first = srv.client.chat.completions.create(model="tiny", messages=messages, max_tokens=16,
                                                    temperature=0).choices[0].message.content
         messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "Two more?"}]
+        encoded = srv.state.target.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = encoded if isinstance(encoded, list) else encoded["input_ids"]
         second = srv.client.chat.completions.create(model="tiny", messages=messages, max_tokens=16,
                                                     temperature=0)
-        idle = srv.state.target.model.gguf.idle
-        deadline = time.time() + 30
-        while not idle and time.time() < deadline:  # the batch's target is freed after its reply
+        deadline, left = time.time() + 30, []
+        while not left and time.time() < deadline:  # the batch's context, once it is freed
+            left = [rows for rows in srv.state.target.model.gguf.idle if rows.fed[:1] and
+                    rows.fed[0][:len(ids)] == ids]
             time.sleep(0.05)
-        fed = idle[0].tokens_fed  # the second turn's prefill and its 15 one-token steps
     finally:
         srv.close()
-    assert fed < second.usage.prompt_tokens
+    assert left and left[0].tokens_fed < len(ids) == second.usage.prompt_tokens
     plain = load_model(spec)
-    ids = torch.tensor([plain.tokenizer.apply_chat_template(messages, add_generation_prompt=True)])
-    assert ids.size(1) == second.usage.prompt_tokens
-    out = autoregressive_generate(plain, ids, max_new_tokens=16, temperature=0.0)
-    expected = plain.tokenizer.decode(out.sequences[0, ids.size(1):].tolist(), skip_special_tokens=True)
-    assert second.choices[0].message.content == expected.strip()
+    out = autoregressive_generate(plain, torch.tensor([ids]), max_new_tokens=16, temperature=0.0)
+    expected = plain.tokenizer.decode(out.sequences[0, len(ids):].tolist(), skip_special_tokens=True)
+    assert second.choices[0].message.content == expected
 
 
 def test_serve_refuses_a_prompt_cache_without_a_llama_cpp_target(capsys):

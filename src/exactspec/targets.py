@@ -73,8 +73,9 @@ class LlamaCppTarget:
         of them are fed apart, after the rest (llama.cpp decodes them as one prompt either way;
         fed apart they are scored as every later round's are, and a greedy generation is the
         same whether its first round drafted or not)."""
-        prompts = self._append(tokens, valid, keep)
-        heads = [p[: len(p) - max(keep - 1, 0)] for p in prompts]
+        apart = max(keep - 1, 0)
+        prompts = self._append(tokens, valid, apart)
+        heads = [p[: len(p) - apart] for p in prompts]
         logits = self.rows.decode([h[len(fed):] for h, fed in zip(heads, self.rows.fed)])  # [B, V]
         self._check(logits.unsqueeze(1), [[len(p) - 1] for p in heads])
         if keep <= 1:
@@ -104,14 +105,14 @@ class LlamaCppTarget:
         prompts = self._append(tokens, valid)
         self.rows.decode([[] for _ in range(first)] + prompts, logits=False)
 
-    def _append(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int | None = None) -> list[list[int]]:
-        """New rows' sequences, and room for their valid tokens; those tokens, per row. keep (a
-        prefill's): where the model keeps a prompt cache, a row resumes the cached sequence
-        sharing the longest prefix with its prompt less its last max(keep, 1) tokens."""
+    def _append(self, tokens: torch.Tensor, valid: torch.Tensor, apart: int | None = None) -> list[list[int]]:
+        """New rows' sequences, and room for their valid tokens; those tokens, per row. apart (a
+        prefill's: its last tokens fed in a pass of their own): where the model keeps a prompt
+        cache, a row resumes the cached sequence that begins like the rest of its prompt."""
         prompts = [row[ok.bool()].tolist() for row, ok in zip(tokens, valid)]
-        heads = [p[: len(p) - max(keep - 1, 0)] for p in prompts] if keep is not None else None
+        resume = self.model.prompt_cache and apart is not None
         first = len(self.rows.fed)
-        self.rows.add(tokens.size(0), "target", heads if self.model.prompt_cache else None)
+        self.rows.add(tokens.size(0), "target", [p[: len(p) - apart] for p in prompts] if resume else None)
         self.rows.make_room(sum(len(p) - len(fed) for p, fed in zip(prompts, self.rows.fed[first:])))
         return prompts
 

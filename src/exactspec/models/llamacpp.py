@@ -118,8 +118,9 @@ class Gguf:
         context costs a pass or more (the 1.5B's: 0.14 s alone, 1.5-3 s beside
         llama-cpp-python's own context; the bundled model's 0.09 s, a dozen draft tokens), so a
         generation does not pay for one."""
-        with self._taking:
-            rows = next((r for r in self.idle if r.vocab_size == vocab_size), None)
+        with self._taking:  # keep: the context returned last, the previous generation's
+            rows = next((r for r in (reversed(self.idle) if keep else self.idle)
+                         if r.vocab_size == vocab_size), None)
             if rows is not None:
                 self.idle.remove(rows)
         if rows is None:
@@ -203,9 +204,12 @@ class Sequences:
         sequences stay in the KV cache as `cached` (sequence → its tokens) for `add` to resume."""
         if self.context is None:
             self.new_context(FIRST_CONTEXT)
-        elif not keep:
+            self.cached = {}
+        elif keep:  # with what an owner that added no rows left cached
+            self.cached.update(zip(self.seqs, self.fed))
+        else:
             self.llama.llama_memory_clear(self.memory, True)
-        self.cached = dict(zip(self.seqs, self.fed)) if keep and self.context is not None else {}
+            self.cached = {}
         self.seqs, self.fed = [], []
 
     def add(self, rows: int, what: str, prompts: list[list[int]] | None = None) -> None:
@@ -214,12 +218,12 @@ class Sequences:
         longest prefix with its prompt, cut to that prefix and to at most len(prompt) − 1 tokens,
         so that the row's prompt still feeds a token. The cached sequences no row resumes are
         emptied."""
-        resumed = [self._resume(prompt) for prompt in prompts or []]
+        resumed = self._resume(prompts or [])
         for seq in self.cached:
             self.llama.llama_memory_seq_rm(self.memory, seq, -1, -1)
         self.cached = {}
         free = sorted(set(range(MAX_ROWS)) - set(self.seqs) - {r[0] for r in resumed if r})
-        if rows > len(free):
+        if rows - sum(map(bool, resumed)) > len(free):
             raise ValueError(f"{what} {self.name!r} serves at most {MAX_ROWS} rows at once, "
                              f"got {len(self.seqs) + rows}")
         free.reverse()
@@ -229,20 +233,22 @@ class Sequences:
             self.seqs.append(seq)
             self.fed.append(fed)
 
-    def _resume(self, prompt: list[int]) -> tuple[int, list[int]] | None:
-        """The cached sequence sharing the longest prefix with prompt (taken out of `cached`),
-        and that prefix, at most len(prompt) − 1 tokens; None where none shares a token."""
-        def shared(tokens):
-            n = 0
-            for a, b in zip(tokens, prompt[:-1]):
-                if a != b:
-                    break
-                n += 1
-            return n
+    def _resume(self, prompts: list[list[int]]) -> list[tuple[int, list[int]] | None]:
+        """Per prompt, the cached sequence it resumes and the tokens kept of it (at most
+        len(prompt) − 1), or None: the longest shared prefixes are matched first, each cached
+        sequence to one prompt at most, and taken out of `cached`."""
+        def shared(seq: int, prompt: list[int]) -> int:
+            pairs = zip(self.cached[seq], prompt[:-1])
+            return next((i for i, (a, b) in enumerate(pairs) if a != b),
+                        min(len(self.cached[seq]), len(prompt) - 1))
 
-        best = max(self.cached, key=lambda seq: shared(self.cached[seq]), default=None)
-        n = shared(self.cached[best]) if best is not None else 0
-        return (best, self.cached.pop(best)[:n]) if n else None
+        matches = sorted(((shared(seq, p), i, seq) for i, p in enumerate(prompts) for seq in self.cached),
+                         reverse=True)
+        resumed: list[tuple[int, list[int]] | None] = [None] * len(prompts)
+        for n, i, seq in matches:
+            if n > 0 and resumed[i] is None and seq in self.cached:
+                resumed[i] = seq, self.cached.pop(seq)[:n]
+        return resumed
 
     def select(self, keep: list[int]) -> None:
         """Keep only these rows, in this order; the others free their sequences."""

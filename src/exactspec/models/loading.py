@@ -233,9 +233,9 @@ def load_model(name_or_path: str | os.PathLike = BUNDLED_MODEL, dtype: str | tor
     The spec ``llamacpp:NAME_OR_PATH`` means backend="llamacpp"; ``llamacpp:NAME_OR_PATH@invariant``
     a llama.cpp target whose logits do not depend on a decode's size (`models.llamacpp.INVARIANT`).
     prompt_cache=True (llamacpp only): a generation resumes the KV cache of the previous one where
-    their prompts begin alike (a chat's next turn), as llama-cpp-python and llama-server do.
-    It changes no logit on an ``@invariant`` target; on llama.cpp's default kernels the prefix it
-    keeps was scored by other decode sizes, so a greedy text can differ at a near-tie.
+    their prompts begin alike (a chat's next turn), as llama-cpp-python and llama-server do. The
+    prefix it keeps was scored by other decodes than a fresh prompt's, so a text can depend on
+    what ran before (docs/llamacpp.md).
 
     dtype: "float32" (default), "bfloat16" or "float16"; may also come from the spec's ``@DTYPE``
     (giving both with different values is an error). device: "cpu" or "cuda" (default: cuda when

@@ -207,14 +207,14 @@ class Scheduler:
             new = decoder.rows.new[row]
             reason = "stop" if new and new[-1] in self.eos else "length"
             self.running.pop(row).send("done", reason)
-        if decoder.done:
-            self.decoder = None  # its caches go now, not when the next batch starts
+        if decoder.done:  # its caches go now, not when the next batch starts (a prompt cache
+            self.decoder = self.driver = None  # is then there for the next batch to resume)
 
     def _fail_all(self, message: str) -> None:
         with self.lock:
             jobs = list(self.running.values()) + list(self.waiting)
             self.running.clear()
             self.waiting.clear()
-            self.decoder = None
+            self.decoder = self.driver = None
         for job in jobs:
             job.send("error", message)
