@@ -98,7 +98,7 @@ def main() -> None:
     llama = llama_cpp_plain(target, args.prompt_cache) if args.llama_cpp else None
     kinds += ["llama.cpp"] if llama else []
     servers = [f"server:{t}" for t in args.llama_server.split(",") if t]
-    server = llama_server(target, args.prompt_cache) if servers else None
+    server = ServerPeer(target, args.prompt_cache) if servers else None
     kinds += servers
     prompts = [p for p in mix.workload_prompts(f"mix:{args.per_category}") if p.kind in categories]
     prompts = mix.answer_first_turns(prompts, mix.greedy_reply(target, args.tokens))
@@ -183,9 +183,10 @@ def main() -> None:
 
 
 def llama_cpp_plain(target, prompt_cache: bool):
-    """generate(prompt, max_new_tokens, seed, eos, temperature) → tokens: llama-cpp-python's plain decoding on
-    the target's GGUF, as the bench's llama.cpp plain row runs it (`LlamaPeers.plain`), stopping
-    after an EOS token; prompt_cache: resuming the previous generation's KV cache."""
+    """generate(prompt, max_new_tokens, seed, eos, temperature) → tokens: llama-cpp-python's plain
+    decoding on the target's GGUF, as the bench's llama.cpp plain row runs it
+    (`LlamaPeers.plain`), stopping after an EOS token; prompt_cache: resuming the previous
+    generation's KV cache."""
     import torch
 
     from exactspec.bench.llama_peers import LlamaPeers, sampling_fields
@@ -198,7 +199,8 @@ def llama_cpp_plain(target, prompt_cache: bool):
                            stop={eos}, prompt_cache=prompt_cache)[0]
     return generate
 
-class llama_server:
+
+class ServerPeer:
     """llama-server on the target's GGUF: `start(draft, prompt)` a fresh server (draft "plain" or
     an n-gram type; warmed as the bench warms one), then generate(prompt, max_new_tokens, seed,
     temperature) → tokens, stopping at EOS; `stop`."""

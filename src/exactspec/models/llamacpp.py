@@ -214,10 +214,9 @@ class Sequences:
 
     def add(self, rows: int, what: str, prompts: list[list[int]] | None = None) -> None:
         """`rows` new rows, appended last, each an empty free sequence. With `prompts` (row i's
-        prompt is prompts[i]), a row may resume a `cached` sequence instead: the one sharing the
-        longest prefix with its prompt, cut to that prefix and to at most len(prompt) − 1 tokens,
-        so that the row's prompt still feeds a token. The cached sequences no row resumes are
-        emptied."""
+        prompt is prompts[i]), a row may resume a `cached` sequence instead (`_resume`), cut to
+        the prefix it shares with the prompt, at most len(prompt) − 1 tokens, so that the row's
+        prompt still feeds a token. The cached sequences no row resumes are emptied."""
         resumed = self._resume(prompts or [])
         for seq in self.cached:
             self.llama.llama_memory_seq_rm(self.memory, seq, -1, -1)
