@@ -15,7 +15,7 @@ from exactspec.batching import RowSettings
 from exactspec.costmodel import acceptance_rate, coupled_acceptance_rate
 from exactspec.drafters import AutoDrafter, ModelDrafter, NGramDrafter
 from exactspec.engine import pad_prompts
-from exactspec.noise import RowNoise, exponentials, race
+from exactspec.noise import RowNoise, exponentials, race, race_uniforms, uniforms_at
 from exactspec.sampling import sample
 from test_continuous import join, start
 from test_decoding import NGRAM_PROMPT, PROMPTS, ids, target_joint
@@ -51,13 +51,36 @@ def test_race_draws_follow_the_weights():
     assert int(race(torch.tensor([2.0, 1.0]), torch.tensor([0.0, 5.0]))) == 0
 
 
+@pytest.mark.parametrize("case", ["dense", "zeros", "ties", "tiny", "u=0"])
+def test_race_from_uniforms_is_the_race(case):
+    """`race_uniforms`, which makes E only where its bound lets a token win, picks the token the
+    full race picks: 2,000 draws per kind of weights, ties and E = 0 included."""
+    vocab = 1_000
+    for seed in range(2_000):
+        gen = torch.Generator().manual_seed(seed)
+        u = uniforms_at(seed, 0, vocab)
+        weights = torch.rand(vocab, generator=gen).softmax(-1) if case == "dense" else torch.rand(vocab, generator=gen)
+        if case == "zeros":
+            weights[torch.rand(vocab, generator=gen) < 0.9] = 0
+        if case == "ties":
+            weights = (weights * 4).floor()
+        if case == "tiny":
+            weights = weights * 1e-30
+        if case == "u=0":
+            u[torch.randint(vocab, (3,), generator=gen)] = 0.0
+        assert race_uniforms(weights, u) == int(race(weights, -torch.log1p(-u))), seed
+
+
 def test_a_single_positive_weight_wins_without_noise():
     """Greedy p (or a token the grammar forces) has one positive weight: the race is that token
     whatever E_t is, so E_t is not made; with two positive weights it is."""
     noise = RowNoise(3, 0)
     assert noise.token(torch.tensor([0.0, 0.0, 1.0, 0.0]), 0) == 2 and not noise._noise
+    assert noise.token(torch.tensor([1.0, 0.0, 0.0]), 0) == 0 and not noise._noise
+    assert noise.token(torch.tensor([0.0, 0.0, 1.0]), 0) == 2 and not noise._noise
     noise.token(torch.tensor([0.0, 0.5, 0.5, 0.0]), 1)
-    assert list(noise._noise) == [1]
+    noise.token(torch.tensor([0.5, 0.0, 0.5]), 2)
+    assert list(noise._noise) == [1, 2]
 
 
 def test_sample_refuses_zero_weight_rows_with_noise():
@@ -70,15 +93,16 @@ def test_sample_refuses_zero_weight_rows_with_noise():
 
 class CellNoise(RowNoise):
     """V = 2 noise given by u_t = E_t(0) / (E_t(0) + E_t(1)) per position (uniform on (0, 1) for
-    Exp(1) noise; the race depends on nothing else): E_t = (u_t, 1 − u_t)."""
+    Exp(1) noise; the race depends on nothing else): E_t = (u_t, 1 − u_t), made from the
+    uniforms 1 − exp(−E_t)."""
 
     def __init__(self, us):
         super().__init__(seed=0, start=0)
         self.us = us
 
-    def noise(self, offset, vocab):
+    def uniforms(self, offset, vocab):
         u = self.us[offset] if offset < len(self.us) else 0.5
-        return torch.tensor([u, 1 - u], dtype=torch.float64)
+        return -torch.expm1(-torch.tensor([u, 1 - u], dtype=torch.float64))
 
 
 def run_round(tables, gamma, noise):

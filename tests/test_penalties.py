@@ -285,16 +285,18 @@ def test_coupled_speculative_equals_plain_with_penalties(tiny_pair, one_thread, 
 @pytest.mark.parametrize("settings", PENALTIES[:3], ids=str)
 def test_coupled_rounds_that_ignore_the_drafts_go_red(tiny_pair, one_thread, monkeypatch, settings):
     """The same check with `Penalized.probs` forgetting the drafts: plain decoding (no drafts) is
-    unchanged, the speculative tokens differ."""
+    unchanged, the speculative tokens differ for some of six seeds (16 tokens are too few for
+    every seed to show it)."""
     target, draft = tiny_pair
     ids, mask = pad_prompts([torch.tensor([1, 5, 9, 5, 9, 5]), torch.tensor([1, 7])])
     config = SamplingConfig(1.0, **settings)
-    plain = es.autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=16,
-                                       sampling=config, seed=5, eos_token_id=[])
+    plain = [es.autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=16,
+                                        sampling=config, seed=seed, eos_token_id=[]) for seed in range(6)]
     monkeypatch.setattr(Penalized, "probs", forgetful_probs)
-    spec = es.speculative_generate(target, draft, ids, attention_mask=mask, gamma=3, max_new_tokens=16,
-                                   sampling=config, seed=5, eos_token_id=[], verify="coupled")
-    assert tokens(spec) != tokens(plain)
+    spec = [es.speculative_generate(target, draft, ids, attention_mask=mask, gamma=3, max_new_tokens=16,
+                                    sampling=config, seed=seed, eos_token_id=[], verify="coupled")
+            for seed in range(6)]
+    assert [tokens(s) for s in spec] != [tokens(p) for p in plain]
 
 
 def test_rows_with_their_own_penalties_join_a_running_batch(tiny_pair, one_thread):

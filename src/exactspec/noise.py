@@ -16,6 +16,7 @@ allows (`exactspec.costmodel.coupled_acceptance_rate`).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _MASK = (1 << 64) - 1
@@ -55,13 +56,36 @@ def noise_key(seed: int, position: int) -> int:
     return mix(seed, position, NOISE)
 
 
+def uniforms_at(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """The float64 uniforms u ∈ [0, 1) that E_t is made from, on the CPU: NumPy's PCG64 seeded
+    with `noise_key` (0.36 ms at V = 151,936, against 0.7 ms for torch's generator). [V]"""
+    generator = np.random.Generator(np.random.PCG64(noise_key(seed, position)))
+    return torch.from_numpy(generator.random(vocab))  # [V], float64
+
+
 def exponentials(seed: int, position: int, vocab: int) -> torch.Tensor:
     """E_t: vocab Exp(1) draws in float64 on the CPU (the same values on every device), as
     −log(1 − u) of float64 uniforms u ∈ [0, 1). [V]"""
-    generator = torch.Generator()
-    generator.manual_seed(noise_key(seed, position))
-    uniforms = torch.rand(vocab, dtype=torch.float64, generator=generator)  # [V]
-    return -torch.log1p(-uniforms)  # [V]
+    return -torch.log1p(-uniforms_at(seed, position, vocab))  # [V]
+
+
+def argmax(values: torch.Tensor) -> torch.Tensor:
+    """The index of the first maximum over the last dimension, as `torch.argmax(values, -1)`;
+    through NumPy for float32 and float64 on the CPU: a tenth of torch's time at V = 151,936
+    (0.012 ms against 0.13 ms, one thread). [...]"""
+    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+        return torch.as_tensor(values.detach().numpy().argmax(-1))
+    return values.argmax(-1)
+
+
+def lone_positive(weights: torch.Tensor) -> int | None:
+    """The index of the only positive entry of weights[V] (non-negative), or None when there are
+    none or several."""
+    top = int(argmax(weights))
+    if not weights[top] > 0:
+        return None
+    rest = [part.amax() for part in (weights[:top], weights[top + 1:]) if part.numel()]
+    return None if any(bool(part > 0) for part in rest) else top
 
 
 def race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -72,31 +96,57 @@ def race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return scores.argmax(dim=-1)  # [...]
 
 
+def race_uniforms(weights: torch.Tensor, uniforms: torch.Tensor) -> int:
+    """`race` over weights[V] with E = −log(1 − u) from uniforms[V], E made only where it may win.
+
+    −log(1 − u) ≥ u, so w(x) / u(x) bounds x's score w(x) / E(x) from above: the bound's leader
+    scores s, and only x with w(x) / u(x) ≥ s can reach s (a 1e-9 margin covers rounding). The
+    first best score among those is the race's: the same token. In NumPy on the CPU: 0.2 ms at
+    V = 151,936, against 1.9 ms for `race` and 1.6 ms for this in torch (its temporaries)."""
+    w = weights.detach().cpu()
+    w = (w if w.dtype in (torch.float32, torch.float64) else w.float()).numpy()  # [V], exact
+    u = uniforms.numpy()  # [V], float64
+    with np.errstate(divide="ignore", invalid="ignore"):  # u = 0: inf, as E = 0 makes w win
+        bounds = w / u  # [V], float64
+        bounds[w <= 0] = -1.0
+        lead = int(bounds.argmax())
+        reach = w[lead] / -np.log1p(-u[lead])
+        near = np.flatnonzero(bounds >= reach * (1 - 1e-9))  # [c], in index order, lead among them
+        scores = w[near] / -np.log1p(-u[near])  # [c]
+    return int(near[scores.argmax()])
+
+
 class RowNoise:
     """One row's noise for one round, from absolute position `start` on.
 
     A model draft calls `draw` once per draft, in order (its i-th draft races at start + i);
-    the coupled rule calls `token(weights, i)` for the target's token at start + i. E_t is made
-    once per round and shared by both (its cost: about 1 ms per position at V = 49,152)."""
+    the coupled rule calls `token(weights, i)` for the target's token at start + i. E_t's
+    uniforms are drawn once per round and shared by both (0.7 ms per position at V = 151,936);
+    E_t itself is made only where it may win (`race_uniforms`)."""
 
     def __init__(self, seed: int, start: int):
         self.seed, self.start = seed, start
         self.drawn = 0  # draws made by `draw` (the draft's)
         self._noise: dict[int, torch.Tensor] = {}
 
+    def uniforms(self, offset: int, vocab: int) -> torch.Tensor:
+        """The uniforms of E at position start + offset. [V]"""
+        if offset not in self._noise:
+            self._noise[offset] = uniforms_at(self.seed, self.start + offset, vocab)
+        return self._noise[offset]
+
     def noise(self, offset: int, vocab: int) -> torch.Tensor:
         """E at position start + offset. [V]"""
-        if offset not in self._noise:
-            self._noise[offset] = exponentials(self.seed, self.start + offset, vocab)
-        return self._noise[offset]
+        return -torch.log1p(-self.uniforms(offset, vocab))
 
     def token(self, weights: torch.Tensor, offset: int) -> int:
         """The race over weights[V] at position start + offset. A single positive weight (greedy
         decoding, a token the grammar forces) wins whatever the noise, which is then not made:
         E_t is counter-based, so skipping it changes no other position's."""
-        if int((weights > 0).sum()) == 1:
-            return int(weights.argmax())
-        return int(race(weights, self.noise(offset, weights.size(-1))))
+        lone = lone_positive(weights)
+        if lone is not None:
+            return lone
+        return race_uniforms(weights, self.uniforms(offset, weights.size(-1)))
 
     def draw(self, weights: torch.Tensor) -> int:
         """The race over weights[V] at the next draft position."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactspec.noise import RowNoise, is_noise
+from exactspec.noise import RowNoise, argmax, is_noise
 from exactspec.penalties import (Penalized, add_bias, check_penalty_args, logit_bias_pairs,
                                  min_p_filter, penalize)
 
@@ -65,7 +65,7 @@ def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if temperature == 0:
-        greedy = logits.argmax(dim=-1, keepdim=True)  # [..., 1], first maximum on ties
+        greedy = argmax(logits).unsqueeze(-1)  # [..., 1], first maximum on ties
         return torch.zeros_like(logits).scatter_(-1, greedy, 1.0)
     scores = logits / temperature  # [..., V]
     if top_k is not None:

@@ -329,7 +329,7 @@ class Sequences:
         if rows:  # llama.cpp's outputs: one row of n_vocab floats per wanted entry, in order
             logits = np.ctypeslib.as_array(self.llama.llama_get_logits(self.context),
                                            shape=(len(rows), self.n_vocab))[:, : self.vocab_size]
-            where = torch.arange(written, written + len(rows)) if every else torch.tensor(rows)
+            where = slice(written, written + len(rows)) if every else torch.tensor(rows)
             out[where] = torch.from_numpy(logits)
         return written + len(rows)
 
