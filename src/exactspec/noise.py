@@ -58,7 +58,7 @@ def noise_key(seed: int, position: int) -> int:
 
 def uniforms_at(seed: int, position: int, vocab: int) -> torch.Tensor:
     """The float64 uniforms u ∈ [0, 1) that E_t is made from, on the CPU: NumPy's PCG64 seeded
-    with `noise_key` (0.36 ms at V = 151,936, against 0.7 ms for torch's generator). [V]"""
+    with `noise_key` (twice as fast as torch's generator). [V]"""
     generator = np.random.Generator(np.random.PCG64(noise_key(seed, position)))
     return torch.from_numpy(generator.random(vocab))  # [V], float64
 
@@ -71,8 +71,7 @@ def exponentials(seed: int, position: int, vocab: int) -> torch.Tensor:
 
 def argmax(values: torch.Tensor) -> torch.Tensor:
     """The index of the first maximum over the last dimension, as `torch.argmax(values, -1)`;
-    through NumPy for float32 and float64 on the CPU: a tenth of torch's time at V = 151,936
-    (0.012 ms against 0.13 ms, one thread). [...]"""
+    through NumPy for float32 and float64 on the CPU, where torch's takes ten times as long. [...]"""
     if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
         return torch.as_tensor(values.detach().numpy().argmax(-1))
     return values.argmax(-1)
@@ -80,12 +79,18 @@ def argmax(values: torch.Tensor) -> torch.Tensor:
 
 def lone_positive(weights: torch.Tensor) -> int | None:
     """The index of the only positive entry of weights[V] (non-negative), or None when there are
-    none or several."""
-    top = int(argmax(weights))
-    if not weights[top] > 0:
+    none or several. (In NumPy: a plain greedy step calls it once per token.)"""
+    w = _cpu_array(weights)  # [V]
+    top = int(w.argmax())
+    if not w[top] > 0:
         return None
-    rest = [part.amax() for part in (weights[:top], weights[top + 1:]) if part.numel()]
-    return None if any(bool(part > 0) for part in rest) else top
+    return None if w[:top].max(initial=0) > 0 or w[top + 1:].max(initial=0) > 0 else top
+
+
+def _cpu_array(weights: torch.Tensor) -> np.ndarray:
+    """weights as a float32 or float64 NumPy array on the CPU (other float types widened, exactly)."""
+    w = weights.detach().cpu()
+    return (w if w.dtype in (torch.float32, torch.float64) else w.float()).numpy()
 
 
 def race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -101,11 +106,9 @@ def race_uniforms(weights: torch.Tensor, uniforms: torch.Tensor) -> int:
 
     −log(1 − u) ≥ u, so w(x) / u(x) bounds x's score w(x) / E(x) from above: the bound's leader
     scores s, and only x with w(x) / u(x) ≥ s can reach s (a 1e-9 margin covers rounding). The
-    first best score among those is the race's: the same token. In NumPy on the CPU: 0.2 ms at
-    V = 151,936, against 1.9 ms for `race` and 1.6 ms for this in torch (its temporaries)."""
-    w = weights.detach().cpu()
-    w = (w if w.dtype in (torch.float32, torch.float64) else w.float()).numpy()  # [V], exact
-    u = uniforms.numpy()  # [V], float64
+    first best score among those is the race's: the same token. In NumPy on the CPU: a tenth of
+    `race`'s time at Qwen's vocabulary (docs/coupled.md, "What the noise costs")."""
+    w, u = _cpu_array(weights), uniforms.numpy()  # [V] each, u float64
     with np.errstate(divide="ignore", invalid="ignore"):  # u = 0: inf, as E = 0 makes w win
         bounds = w / u  # [V], float64
         bounds[w <= 0] = -1.0
@@ -121,8 +124,8 @@ class RowNoise:
 
     A model draft calls `draw` once per draft, in order (its i-th draft races at start + i);
     the coupled rule calls `token(weights, i)` for the target's token at start + i. E_t's
-    uniforms are drawn once per round and shared by both (0.7 ms per position at V = 151,936);
-    E_t itself is made only where it may win (`race_uniforms`)."""
+    uniforms are drawn once per round and shared by both; E_t itself is made only where it may
+    win (`race_uniforms`)."""
 
     def __init__(self, seed: int, start: int):
         self.seed, self.start = seed, start
