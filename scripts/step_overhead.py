@@ -48,11 +48,13 @@ def race_costs() -> None:
     for vocab in (49_152, 151_936):
         p = probs_from_logits(torch.randn(vocab, generator=torch.Generator().manual_seed(0)), 0.8)
         u = uniforms_at(1, 2, vocab)
-        print(f"V = {vocab:,}, one thread: E made in full + race {median_ms(lambda: race(p, exponentials(1, 2, vocab))):.2f} ms; "
-              f"uniforms {median_ms(lambda: uniforms_at(1, 2, vocab)):.2f} ms + race_uniforms "
-              f"{median_ms(lambda: race_uniforms(p, u)):.2f} ms (RowNoise.token "
-              f"{median_ms(lambda: RowNoise(1, 2).token(p, 0)):.2f} ms); inverse-CDF "
-              f"{median_ms(lambda: sample(p.unsqueeze(0))):.2f} ms", flush=True)
+        full = median_ms(lambda: race(p, exponentials(1, 2, vocab)))
+        made, raced = median_ms(lambda: uniforms_at(1, 2, vocab)), median_ms(lambda: race_uniforms(p, u))
+        token = median_ms(lambda: RowNoise(1, 2).token(p, 0))
+        inverse = median_ms(lambda: sample(p.unsqueeze(0)))
+        print(f"V = {vocab:,}, one thread: E made in full + race {full:.2f} ms; uniforms {made:.2f} ms + "
+              f"race_uniforms {raced:.2f} ms (RowNoise.token {token:.2f} ms); inverse-CDF {inverse:.2f} ms",
+              flush=True)
 
 
 def main() -> None:
@@ -72,12 +74,16 @@ def main() -> None:
     case = next(p for p in mix.workload_prompts("mix:1") if p.kind == "code-edit")
     ids = encode_prompt(target, case.text, reply_start=case.reply_start, history=case.history)
     peers = LlamaPeers(gguf_file(target), {}, torch.get_num_threads(), None, None, None)
-    runs = {
-        "exactspec": lambda t: autoregressive_generate(target, ids, max_new_tokens=args.tokens, seed=0,
-                                                       temperature=t, eos_token_id=[]).sequences.size(1) - ids.size(1),
-        "llama-cpp-python": lambda t: len(peers.plain(ids[0].tolist(), args.tokens, 0,
-                                                      sampling_fields(t, None, None), stop=set())[0]),
-    }
+    def exactspec(temperature: float) -> int:
+        out = autoregressive_generate(target, ids, max_new_tokens=args.tokens, seed=0,
+                                      temperature=temperature, eos_token_id=[])
+        return out.sequences.size(1) - ids.size(1)
+
+    def llama_cpp_python(temperature: float) -> int:
+        return len(peers.plain(ids[0].tolist(), args.tokens, 0, sampling_fields(temperature, None, None),
+                               stop=set())[0])
+
+    runs = {"exactspec": exactspec, "llama-cpp-python": llama_cpp_python}
     for temperature in (0.0, 0.8):
         outside = {name: [] for name in runs}
         for repeat in range(args.passes + 1):  # the first pass warms up
