@@ -23,6 +23,7 @@ tokens as plain decoding with that noise.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -65,7 +66,7 @@ def _check_probs(name: str, probs: torch.Tensor) -> None:
         return
     wide = torch.float64 if probs.dtype == torch.float64 else torch.float32
     sums = probs.sum(dim=-1, dtype=wide)  # [...]
-    if not torch.isfinite(sums).all():
+    if not math.isfinite(float(sums.sum())) and not torch.isfinite(sums).all():
         raise ValueError(f"{name} must be finite, got NaN or inf")
     lowest = probs.amin().item()
     if lowest < 0:
