@@ -48,6 +48,36 @@ def test_greedy_is_one_hot_at_lowest_argmax():
     assert probs.tolist() == [[0, 1, 0, 0], [0, 0, 1, 0]]
 
 
+def test_sample_follows_the_weights_and_a_single_positive_weight_draws_nothing():
+    """Inverse-CDF draws against w / Σ w (chi-square, α = ALPHA; 20,000 weighted rows in one call,
+    each beside a one-hot row). A row with a single positive weight is that token and takes no
+    uniform from its generator, so each other row draws what it would draw alone (rule 8)."""
+    weights = torch.tensor([0.0, 3.0, 1.0, 0.5, 0.0, 2.5])
+    one_hot = torch.tensor([0.0, 0.0, 0.0, 7.0, 0.0, 0.0])
+    tokens = es.sampling.sample(torch.stack([weights, one_hot]).repeat(20_000, 1),
+                                torch.Generator().manual_seed(0))  # [40,000]
+    assert (tokens[1::2] == 3).all()
+    counts = torch.bincount(tokens[0::2], minlength=6).float()
+    assert chi_square_pvalue(counts, weights / weights.sum()) > ALPHA
+    generators = [torch.Generator().manual_seed(seed) for seed in (1, 2, 3)]
+    mixed = es.sampling.sample(torch.stack([one_hot, weights, one_hot]), generators)
+    alone = es.sampling.sample(weights.unsqueeze(0), [torch.Generator().manual_seed(2)])
+    assert mixed.tolist() == [3, int(alone), 3]
+    assert torch.equal(generators[0].get_state(), torch.Generator().manual_seed(1).get_state())
+
+
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_a_round_without_drafts_draws_from_p(verify):
+    """γ = 0 (a round that stepped aside): τ = 0 and the token follows p_1 (chi-square over
+    20,000 rows in one call)."""
+    p = torch.tensor([0.1, 0.0, 0.45, 0.05, 0.4])
+    rows = 20_000
+    result = es.verify_block(torch.empty(rows, 0, dtype=torch.long), None, p.expand(rows, 1, 5),
+                             torch.Generator().manual_seed(0), verify)
+    assert result.tokens.shape == (rows, 1) and not result.num_accepted.any()
+    assert chi_square_pvalue(torch.bincount(result.tokens[:, 0], minlength=5).float(), p) > ALPHA
+
+
 def test_probs_from_logits_half_precision_is_float32():
     logits = torch.randn(3, 10).to(torch.bfloat16)
     probs = es.probs_from_logits(logits, 0.8)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactspec.noise import RowNoise, argmax, is_noise
+from exactspec.noise import RowNoise, argmax, is_noise, lone_positive
 from exactspec.penalties import (Penalized, add_bias, check_penalty_args, logit_bias_pairs,
                                  min_p_filter, penalize)
 
@@ -99,22 +99,46 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     u ~ U[0, 1). A zero-weight token never has a cumulative weight above its predecessor's, so it
     is never chosen. (torch.multinomial gives the same law but takes ~1 ms at V = 49,152.)
     A row whose generator is a `RowNoise` (the coupled rule) draws by the race with the noise
-    of its next position instead (`exactspec.noise`): the same law.
+    of its next position instead (`exactspec.noise`): the same law. A row with a single positive
+    weight (greedy p, a token the grammar forces) is that token and draws nothing.
     """
     if is_noise(generator):
         return _sample_rows(probs, generator)
     flat = probs.reshape(-1, probs.size(-1))  # [N, V]
+    tokens = _lone_positives(flat)  # [N], -1 where a row has several positive weights (or none)
+    drawing = (tokens < 0).nonzero().squeeze(1)  # [n]
+    if drawing.numel():
+        if isinstance(generator, (list, tuple)):
+            if len(generator) != flat.size(0):
+                raise ValueError(f"generator must be one torch.Generator or one per row "
+                                 f"({flat.size(0)}), got a list of {len(generator)}")
+            generator = [generator[row] for row in drawing.tolist()]
+        tokens[drawing] = _inverse_cdf(flat[drawing], generator)
+    return tokens.reshape(probs.shape[:-1])  # [...]
+
+
+def _lone_positives(flat: torch.Tensor) -> torch.Tensor:
+    """Each row's only positive entry of flat[N, V], or -1 where it has none or several. [N]"""
+    if flat.device.type == "cpu":
+        return torch.tensor([-1 if (token := lone_positive(row)) is None else token for row in flat],
+                            dtype=torch.long)
+    positive = flat > 0  # [N, V]
+    return torch.where(positive.sum(dim=-1) == 1, positive.int().argmax(dim=-1), -1)
+
+
+def _inverse_cdf(flat: torch.Tensor, generator) -> torch.Tensor:
+    """`sample`'s draw over flat[N, V] with one uniform per row. [N]"""
     cdf = flat.cumsum(dim=-1, dtype=torch.float64)  # [N, V]
     total = cdf[:, -1:]  # [N, 1]
     if not (total > 0).all():
         raise ValueError("cannot sample from a distribution with zero total weight")
-    u = uniforms(probs.shape[:-1], generator, torch.float64, flat.device).reshape(-1, 1)  # [N, 1]
+    u = uniforms((flat.size(0),), generator, torch.float64, flat.device).reshape(-1, 1)  # [N, 1]
     tokens = torch.searchsorted(cdf, u * total, right=True).squeeze(-1)  # [N]
     overflow = tokens == flat.size(-1)  # u · total rounded up to total: take the last positive weight
     if overflow.any():
         last_positive = flat.size(-1) - 1 - (flat.flip(-1) > 0).int().argmax(-1)  # [N]
         tokens = torch.where(overflow, last_positive, tokens)
-    return tokens.reshape(probs.shape[:-1])  # [...]
+    return tokens  # [N]
 
 
 def _sample_rows(probs: torch.Tensor, generators) -> torch.Tensor:

@@ -246,6 +246,9 @@ def verify_block(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Te
     if verify == "coupled":
         return verify_coupled(draft_tokens, p, generator)
     batch, gamma = draft_tokens.shape
+    if gamma == 0:  # no drafts (a round that stepped aside): τ = 0 and the bonus is a draw from p_1
+        return BlockResult(tokens=sample(p[:, 0], generator).unsqueeze(1),
+                           num_accepted=draft_tokens.new_zeros(batch))
     num_accepted = _sample_num_accepted(draft_tokens, q, p, verify, generator)  # [B]
     weights = next_token_weights(draft_tokens, q, p, num_accepted, verify)  # [B, V]
     next_token = sample(weights, generator)  # [B]
