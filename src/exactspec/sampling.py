@@ -105,15 +105,16 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     if is_noise(generator):
         return _sample_rows(probs, generator)
     flat = probs.reshape(-1, probs.size(-1))  # [N, V]
+    per_row, rows = isinstance(generator, (list, tuple)), probs.shape[0] if probs.dim() > 1 else 1
+    if per_row and len(generator) != rows:
+        raise ValueError(f"generator must be one torch.Generator or one per row ({rows}), "
+                         f"got a list of {len(generator)}")
     tokens = _lone_positives(flat)  # [N], -1 where a row has several positive weights (or none)
     drawing = (tokens < 0).nonzero().squeeze(1)  # [n]
     if drawing.numel():
-        if isinstance(generator, (list, tuple)):
-            if len(generator) != flat.size(0):
-                raise ValueError(f"generator must be one torch.Generator or one per row "
-                                 f"({flat.size(0)}), got a list of {len(generator)}")
-            generator = [generator[row] for row in drawing.tolist()]
-        tokens[drawing] = _inverse_cdf(flat[drawing], generator)
+        width = flat.size(0) // rows  # draws per row of probs
+        streams = [generator[i // width] for i in drawing.tolist()] if per_row else generator
+        tokens[drawing] = _inverse_cdf(flat[drawing], streams)
     return tokens.reshape(probs.shape[:-1])  # [...]
 
 
