@@ -32,8 +32,8 @@ def test_noise_belongs_to_seed_and_position_only():
     differs between positions and seeds."""
     late = RowNoise(7, 3)
     late.draw(torch.ones(50))  # a draft's race at position 3 first
-    assert torch.equal(late.noise(2, 50), exponentials(7, 5, 50))
-    assert torch.equal(RowNoise(7, 5).noise(0, 50), exponentials(7, 5, 50))
+    assert torch.equal(late.uniforms(2, 50), uniforms_at(7, 5, 50))
+    assert torch.equal(RowNoise(7, 5).uniforms(0, 50), uniforms_at(7, 5, 50))
     assert not torch.equal(exponentials(7, 5, 50), exponentials(7, 6, 50))
     assert not torch.equal(exponentials(7, 5, 50), exponentials(8, 5, 50))
     assert (exponentials(7, 5, 50) >= 0).all()
@@ -77,12 +77,12 @@ def test_a_single_positive_weight_wins_without_noise():
     """Greedy p (or a token the grammar forces) has one positive weight: the race is that token
     whatever E_t is, so E_t is not made; with two positive weights it is."""
     noise = RowNoise(3, 0)
-    assert noise.token(torch.tensor([0.0, 0.0, 1.0, 0.0]), 0) == 2 and not noise._noise
-    assert noise.token(torch.tensor([1.0, 0.0, 0.0]), 0) == 0 and not noise._noise
-    assert noise.token(torch.tensor([0.0, 0.0, 1.0]), 0) == 2 and not noise._noise
+    assert noise.token(torch.tensor([0.0, 0.0, 1.0, 0.0]), 0) == 2 and not noise._uniforms
+    assert noise.token(torch.tensor([1.0, 0.0, 0.0]), 0) == 0 and not noise._uniforms
+    assert noise.token(torch.tensor([0.0, 0.0, 1.0]), 0) == 2 and not noise._uniforms
     noise.token(torch.tensor([0.0, 0.5, 0.5, 0.0]), 1)
     noise.token(torch.tensor([0.5, 0.0, 0.5]), 2)
-    assert list(noise._noise) == [1, 2]
+    assert list(noise._uniforms) == [1, 2]
 
 
 def test_sample_refuses_zero_weight_rows_with_noise():

@@ -130,17 +130,13 @@ class RowNoise:
     def __init__(self, seed: int, start: int):
         self.seed, self.start = seed, start
         self.drawn = 0  # draws made by `draw` (the draft's)
-        self._noise: dict[int, torch.Tensor] = {}
+        self._uniforms: dict[int, torch.Tensor] = {}
 
     def uniforms(self, offset: int, vocab: int) -> torch.Tensor:
         """The uniforms of E at position start + offset. [V]"""
-        if offset not in self._noise:
-            self._noise[offset] = uniforms_at(self.seed, self.start + offset, vocab)
-        return self._noise[offset]
-
-    def noise(self, offset: int, vocab: int) -> torch.Tensor:
-        """E at position start + offset. [V]"""
-        return -torch.log1p(-self.uniforms(offset, vocab))
+        if offset not in self._uniforms:
+            self._uniforms[offset] = uniforms_at(self.seed, self.start + offset, vocab)
+        return self._uniforms[offset]
 
     def token(self, weights: torch.Tensor, offset: int) -> int:
         """The race over weights[V] at position start + offset. A single positive weight (greedy

@@ -45,6 +45,12 @@ def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return scores.masked_fill(remove, -math.inf)
 
 
+def all_finite(values: torch.Tensor) -> bool:
+    """No NaN and no ±inf in `values`. A finite sum clears them all in one reduction (torch.isfinite
+    is several operations); a sum that overflows is checked entry by entry."""
+    return math.isfinite(float(values.sum())) or bool(torch.isfinite(values).all())
+
+
 def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                       top_p: float | None = None, *, min_p: float | None = None) -> torch.Tensor:
     """The decoding distribution over the last dimension: temperature, then top-k, then top-p,
@@ -58,8 +64,7 @@ def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     if logits.size(-1) == 0:
         raise ValueError("logits: the vocabulary dimension is empty, so no token is possible")
     top = logits.amax(dim=-1)  # [...]: NaN where a row has one, +inf or -inf where the checks fail
-    # A finite sum clears every row in one reduction (torch.isfinite is several operations).
-    if not math.isfinite(float(top.sum())) and not torch.isfinite(top).all():
+    if not all_finite(top):
         if torch.isnan(top).any() or torch.isposinf(top).any():
             raise ValueError("logits contain NaN or +inf")
         raise ValueError("logits: a row is -inf everywhere, so no token is possible")
@@ -78,15 +83,22 @@ def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     return scores.softmax(dim=-1)
 
 
+def _one_per_row(generator, rows: int) -> bool:
+    """Whether `generator` is a list of one stream per row; a list of another length is refused."""
+    if not isinstance(generator, (list, tuple)):
+        return False
+    if len(generator) != rows:
+        raise ValueError(f"generator must be one torch.Generator or one per row ({rows}), "
+                         f"got a list of {len(generator)}")
+    return True
+
+
 def uniforms(shape, generator, dtype: torch.dtype, device) -> torch.Tensor:
     """U[0, 1) draws of `shape`. `generator`: one torch.Generator (or None) draws them all; a list
     of shape[0] generators gives each row its own stream (a row owns its randomness, rule 8):
     row b's shape[1:] draws come from generator[b] alone, whatever the other rows are."""
-    if not isinstance(generator, (list, tuple)):
+    if not _one_per_row(generator, shape[0] if len(shape) else 0):
         return torch.rand(shape, generator=generator, dtype=dtype, device=device)
-    if len(generator) != shape[0]:
-        raise ValueError(f"generator must be one torch.Generator or one per row ({shape[0]}), "
-                         f"got a list of {len(generator)}")
     rows = [torch.rand(tuple(shape[1:]), generator=g, dtype=dtype, device=device) for g in generator]
     return torch.stack(rows) if rows else torch.empty(tuple(shape), dtype=dtype, device=device)
 
@@ -105,10 +117,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     if is_noise(generator):
         return _sample_rows(probs, generator)
     flat = probs.reshape(-1, probs.size(-1))  # [N, V]
-    per_row, rows = isinstance(generator, (list, tuple)), probs.shape[0] if probs.dim() > 1 else 1
-    if per_row and len(generator) != rows:
-        raise ValueError(f"generator must be one torch.Generator or one per row ({rows}), "
-                         f"got a list of {len(generator)}")
+    rows = probs.shape[0] if probs.dim() > 1 else 1
+    per_row = _one_per_row(generator, rows)
     tokens = _lone_positives(flat)  # [N], -1 where a row has several positive weights (or none)
     drawing = (tokens < 0).nonzero().squeeze(1)  # [n]
     if drawing.numel():

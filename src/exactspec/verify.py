@@ -23,13 +23,12 @@ tokens as plain decoding with that noise.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from exactspec.noise import RowNoise
-from exactspec.sampling import sample
+from exactspec.sampling import all_finite, sample
 from exactspec.sampling import uniforms as draw_uniforms
 
 VERIFY_RULES = ("token", "block", "coupled")
@@ -66,7 +65,7 @@ def _check_probs(name: str, probs: torch.Tensor) -> None:
         return
     wide = torch.float64 if probs.dtype == torch.float64 else torch.float32
     sums = probs.sum(dim=-1, dtype=wide)  # [...]
-    if not math.isfinite(float(sums.sum())) and not torch.isfinite(sums).all():
+    if not all_finite(sums):
         raise ValueError(f"{name} must be finite, got NaN or inf")
     lowest = probs.amin().item()
     if lowest < 0:
