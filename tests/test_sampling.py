@@ -66,6 +66,19 @@ def test_sample_follows_the_weights_and_a_single_positive_weight_draws_nothing()
     assert torch.equal(generators[0].get_state(), torch.Generator().manual_seed(1).get_state())
 
 
+@pytest.mark.parametrize("vocab", [6, 10_000])
+def test_single_positive_rows_are_found_alike_in_short_and_long_rows(vocab):
+    """`sample`'s rows with one positive weight are found row by row in NumPy for long rows and
+    all at once in torch for short ones: the same tokens, -1 for rows with none or several."""
+    gen = torch.Generator().manual_seed(0)
+    flat = torch.zeros(5, vocab)
+    flat[0, vocab - 1] = 2.0  # lone, last entry
+    flat[1, 0] = 1e-30  # lone, first entry, tiny
+    flat[2, [1, 3]] = 0.5  # two positive weights
+    flat[4] = torch.rand(vocab, generator=gen)  # dense; row 3 stays all zero
+    assert es.sampling._lone_positives(flat).tolist() == [vocab - 1, 0, -1, -1, -1]
+
+
 @pytest.mark.parametrize("verify", ["token", "block"])
 def test_a_round_without_drafts_draws_from_p(verify):
     """γ = 0 (a round that stepped aside): τ = 0 and the token follows p_1 (chi-square over

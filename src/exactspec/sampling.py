@@ -128,9 +128,16 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     return tokens.reshape(probs.shape[:-1])  # [...]
 
 
+_NUMPY_ROW = 8_192  # rows at least this long are scanned one by one in NumPy (`_lone_positives`)
+
+
 def _lone_positives(flat: torch.Tensor) -> torch.Tensor:
-    """Each row's only positive entry of flat[N, V], or -1 where it has none or several. [N]"""
-    if flat.device.type == "cpu":
+    """Each row's only positive entry of flat[N, V], or -1 where it has none or several. [N]
+    Long rows on the CPU go one by one through NumPy's single pass (a model's vocabulary: a
+    tenth of torch's time at V = 151,936); short rows, as many as the lab draws, go through
+    torch at once (a NumPy call per row costs ~9 µs: 186 ms against 1 ms for 20,000 rows of 6;
+    the two cross between V = 4,096 and 16,384 on a 2-core EPYC)."""
+    if flat.device.type == "cpu" and flat.size(-1) >= _NUMPY_ROW:
         return torch.tensor([-1 if (token := lone_positive(row)) is None else token for row in flat],
                             dtype=torch.long)
     positive = flat > 0  # [N, V]
