@@ -172,6 +172,34 @@ def test_a_small_decode_scores_a_token_as_a_decode_of_one_does(target):
     assert torch.equal(rows.prefill(*batch([prompt] * SMALL_BATCH)), alone.expand(SMALL_BATCH, -1))
 
 
+def test_bad_logits_from_llama_cpp_name_their_position(target, prompts, monkeypatch):
+    """No silent NaN: a fed token whose logits hold NaN or +inf (or -inf everywhere) is an error
+    naming its position; a single -inf (a token ruled out) is not."""
+    scorer = LlamaCppTarget(target.model, target.name, target.vocab_size)
+    scorer.prefill(*batch([prompts[0]]))
+    decode = runtime.Sequences.decode
+    for value, where, message in ((float("nan"), slice(3, 4), "NaN or \\+inf logits"),
+                                  (float("inf"), slice(3, 4), "NaN or \\+inf logits"),
+                                  (-float("inf"), slice(None), "-inf logits for every token")):
+        def bad(self, tokens, every=False, logits=True):
+            out = decode(self, tokens, every, logits)  # [n, V]
+            out[1, where] = value
+            return out
+
+        monkeypatch.setattr(runtime.Sequences, "decode", bad)
+        with pytest.raises(ValueError, match=f"produced {message} at position {len(prompts[0]) + 1}"):
+            scorer.feed(torch.tensor([[5, 6, 7]]))
+        scorer.discard_last(torch.tensor([3]))
+
+    def one_ruled_out(self, tokens, every=False, logits=True):
+        out = decode(self, tokens, every, logits)
+        out[:, 3] = -float("inf")
+        return out
+
+    monkeypatch.setattr(runtime.Sequences, "decode", one_ruled_out)
+    assert scorer.feed(torch.tensor([[5, 6, 7]])).shape == (1, 3, target.vocab_size)
+
+
 def test_rows_join_and_leave_the_llama_cpp_target(target, prompts):
     """Continuous batching on the llama.cpp target: rows join at a round boundary (their
     prompts fed into new sequences of the same context) and leave as they finish; each equals

@@ -63,15 +63,17 @@ def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     check_penalty_args(min_p=min_p)
     if logits.size(-1) == 0:
         raise ValueError("logits: the vocabulary dimension is empty, so no token is possible")
-    top = logits.amax(dim=-1)  # [...]: NaN where a row has one, +inf or -inf where the checks fail
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    greedy = argmax(logits).unsqueeze(-1) if temperature == 0 else None  # [..., 1], the first maximum
+    # each row's maximum: NaN where a row has one (argmax and amax both take NaN as the maximum),
+    # +inf or -inf where the checks fail
+    top = logits.amax(dim=-1) if greedy is None else logits.gather(-1, greedy).squeeze(-1)  # [...]
     if not all_finite(top):
         if torch.isnan(top).any() or torch.isposinf(top).any():
             raise ValueError("logits contain NaN or +inf")
         raise ValueError("logits: a row is -inf everywhere, so no token is possible")
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    if temperature == 0:
-        greedy = argmax(logits).unsqueeze(-1)  # [..., 1], first maximum on ties
+    if greedy is not None:
         return torch.zeros_like(logits).scatter_(-1, greedy, 1.0)
     scores = logits / temperature  # [..., V]
     if top_k is not None:

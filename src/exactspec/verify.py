@@ -274,16 +274,17 @@ def verify_coupled(draft_tokens: torch.Tensor, p: torch.Tensor, noise) -> BlockR
             and all(isinstance(row, RowNoise) for row in noise)):
         raise ValueError(f"verify 'coupled' needs one RowNoise per row ({batch}) as its "
                          f"generator, got {type(noise).__name__}")
-    tokens = draft_tokens.new_full((batch, gamma + 1), -1)  # [B, γ+1]
-    num_accepted = draft_tokens.new_zeros(batch)  # [B]
+    tokens = [[-1] * (gamma + 1) for _ in range(batch)]  # [B][γ+1]
+    num_accepted = [0] * batch  # [B]
     drafts, alive = draft_tokens.tolist(), list(range(batch))
     for i in range(gamma + 1):
-        raced = {b: noise[b].token(p[b, i], i) for b in alive}  # y_i of the rows still going
-        for b, token in raced.items():
-            tokens[b, i] = token
-        alive = [b for b in alive if i < gamma and raced[b] == drafts[b][i]]
-        num_accepted[alive] += 1
-    return BlockResult(tokens=tokens, num_accepted=num_accepted)
+        for b in alive:  # y_i of the rows still going
+            tokens[b][i] = noise[b].token(p[b, i], i)
+        alive = [b for b in alive if i < gamma and tokens[b][i] == drafts[b][i]]
+        for b in alive:
+            num_accepted[b] += 1
+    return BlockResult(tokens=draft_tokens.new_tensor(tokens).view(batch, gamma + 1),
+                       num_accepted=draft_tokens.new_tensor(num_accepted))
 
 
 def verify_rows(draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
