@@ -10,8 +10,9 @@ kernels, docs/llamacpp.md).
 
 --llama-cpp adds llama.cpp's plain decoding (llama-cpp-python on the target's GGUF, the same
 threads, greedy at T = 0, stopping at EOS as the others do), and every ratio over it as well,
-in seconds and in tokens per second (its greedy text can differ from exactspec's at a near-tie,
-and then its length too).
+in seconds and in tokens per second (flash attention on, as exactspec's contexts run it: the
+greedy texts are exactspec plain's; with llama-cpp-python's default, off, they part at near-ties,
+and their lengths with them).
 
 --linear-pricing adds a configuration "linear": the γ controller as it was before 2026-12-07
 (an unseen pass size priced on the line between the sizes seen; a round dearer than 1.5 times

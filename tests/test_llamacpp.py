@@ -17,7 +17,7 @@ from exactspec.batching import RowSettings
 from exactspec.controller import GammaController
 from exactspec.drafters import AutoDrafter, make_drafter
 from exactspec.engine import Decoder, autoregressive_generate, pad_prompts, speculative_generate
-from exactspec.models import encode_prompt
+from exactspec.models import encode_prompt, load_model
 from exactspec.sampling import SamplingConfig
 from test_decoding import target_joint
 
@@ -223,6 +223,24 @@ def test_exactspec_threads_fixes_the_drafts_thread_count(monkeypatch, target):
     monkeypatch.delenv(runtime.THREADS_ENV)
     drafter = drafter_for(target)
     assert drafter.n_threads == runtime.usable_cores() and drafter.threads is not None
+
+
+def test_llama_cpp_plain_decodes_as_exactspecs_llama_cpp_target_does(target):
+    """The bench's llama.cpp plain row (`LlamaPeers`) runs the kernels exactspec's llama.cpp
+    target runs (flash attention as llama.cpp's default sets it): greedy, the same text. (With
+    llama-cpp-python's default, flash attention off, this prompt's texts part at token 9.)"""
+    from exactspec.bench.config import RunSpec
+    from exactspec.bench.llama_peers import LlamaPeers
+
+    ids = encode_prompt(target, "Write a short story about a lighthouse keeper who finds a message in a bottle.")
+    peers = LlamaPeers(llamacpp.gguf_file(target), {}, 2, None, None, None)
+    try:
+        tokens = peers.run(RunSpec("llamacpp", 0.0), ids, 0, 64).tokens
+    finally:
+        peers.close()
+    plain = autoregressive_generate(load_model("llamacpp:smollm2-135m-instruct"), ids,
+                                    max_new_tokens=64, temperature=0)
+    assert tokens == plain.sequences[0, ids.size(1):].tolist()
 
 
 def test_llama_cpp_plain_follows_a_json_schema_to_eos(target):

@@ -219,9 +219,12 @@ class LlamaPeers:
 
         llama_cpp = import_llama_cpp()
         if self.llama is None:
+            # flash attention as llama.cpp's default ("auto") sets it for exactspec's contexts
+            # and llama-server's on this CPU; llama-cpp-python's own default is off, whose other
+            # sums break near-ties elsewhere: the greedy texts differ
             self.llama = llama_cpp.Llama(
                 str(self.target_gguf), n_ctx=SERVER_CONTEXT, n_threads=self.threads,
-                n_threads_batch=self.threads, verbose=False)
+                n_threads_batch=self.threads, flash_attn=True, verbose=False)
         grammar = None if schema is None else llama_cpp.LlamaGrammar.from_json_schema(
             json.dumps(schema), verbose=False)
         if not prompt_cache:
