@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 
 import torch
 from transformers import DynamicCache
 
 from exactspec.kernels import faster_products
 from exactspec.models.loaded import Memory, input_device
+from exactspec.sampling import all_finite
 
 
 def _cache_argument(model: torch.nn.Module) -> str:
@@ -183,18 +183,21 @@ class CachedModel:
         self.padding_fed += other.padding_fed
 
 
-def check_finite(logits: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, name: str) -> None:
+def check_finite(logits: torch.Tensor, valid: torch.Tensor | None, positions, name: str) -> None:
     """No silent NaN (the no-floors rule): NaN or +inf logits[B, n, V], or -inf everywhere (no
-    token possible), at a valid[B, n] slot raise an error naming the model and the position."""
-    if math.isfinite(float(logits.sum())):  # no NaN and no ±inf anywhere: the common case, in
-        return  # one vectorized sum (a fiftieth of the checks below at V = 151,936)
-    nan = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) & valid  # [B, n]
-    empty = torch.isneginf(logits).all(dim=-1) & valid  # [B, n]
+    token possible), at a valid[B, n] slot (valid None: every slot) raise an error naming the
+    model and the position (positions[b][j]: a tensor or nested lists, read only then)."""
+    if all_finite(logits):  # no NaN and no ±inf anywhere: the common case, in one vectorized
+        return  # sum (a fiftieth of the checks below at V = 151,936)
+    nan = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1)  # [B, n]
+    empty = torch.isneginf(logits).all(dim=-1)  # [B, n]
+    if valid is not None:
+        nan, empty = nan & valid, empty & valid
     for bad, what in ((nan, "NaN or +inf logits"), (empty, "-inf logits for every token")):
         if bad.any():
             row, col = bad.nonzero()[0].tolist()
             raise ValueError(f"model {name!r} produced {what} at position "
-                             f"{int(positions[row, col])}" + (f" of row {row}" if bad.size(0) > 1 else ""))
+                             f"{int(positions[row][col])}" + (f" of row {row}" if bad.size(0) > 1 else ""))
 
 
 def _left_padded(layer, like, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -299,8 +299,7 @@ class Sequences:
         entries = [(b, token, len(self.fed[b]) + i, logits and (every or i == len(row) - 1))
                    for b, row in enumerate(tokens) for i, token in enumerate(row)]
         rows = (len(entries) if every else len(tokens)) if logits else 0
-        written_all = every or all(tokens)  # else a row given no tokens keeps its zeros
-        out = (torch.empty if written_all else torch.zeros)(rows, self.vocab_size)  # [n, V]
+        out = torch.zeros(rows, self.vocab_size)  # [n, V]
         written, size = 0, INVARIANT_TOKENS if self.invariant and every else BATCH_TOKENS
         for start in range(0, len(entries), size):
             chunk = entries[start: start + size]
@@ -328,13 +327,10 @@ class Sequences:
         self.calls += 1
         rows = [b for b, _, _, wanted in chunk if wanted]
         if rows:  # llama.cpp's outputs: one row of n_vocab floats per wanted entry, in order
-            logits = torch.from_numpy(np.ctypeslib.as_array(self.llama.llama_get_logits(self.context),
-                                                            shape=(len(rows), self.n_vocab)))
-            first = written if every else rows[0]
-            if every or rows == list(range(first, first + len(rows))):
-                out[first: first + len(rows)] = logits[:, : self.vocab_size]
-            else:
-                out[torch.tensor(rows)] = logits[:, : self.vocab_size]
+            logits = np.ctypeslib.as_array(self.llama.llama_get_logits(self.context),
+                                           shape=(len(rows), self.n_vocab))[:, : self.vocab_size]
+            where = slice(written, written + len(rows)) if every else torch.tensor(rows)
+            out[where] = torch.from_numpy(logits)
         return written + len(rows)
 
     def new_context(self, n_ctx: int) -> None:
