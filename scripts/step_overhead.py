@@ -2,8 +2,10 @@
 
 Both decode the same prompt (the task mix's first code-edit case) on the same GGUF and threads;
 `llama_decode` is timed where both call it, so the rest (sampling, checks, copies, Python) is
-what each adds to a decode step, and it is far less noisy than the whole step. The race's own
-cost (`exactspec.noise`) at the bundled model's and Qwen's vocabularies comes first.
+what each adds to a decode step, and it is far less noisy than the whole step. The time inside
+`llama_decode` (the prefill's share included) is printed too: the decodes themselves cost the
+same. The race's own cost (`exactspec.noise`) at the bundled model's and Qwen's vocabularies
+comes first.
 
     python scripts/step_overhead.py [--target llamacpp:NAME] [--tokens 128] [--passes 3]
 """
@@ -69,11 +71,13 @@ def main() -> None:
     from exactspec.drafters.llamacpp import gguf_file
     from exactspec.engine import autoregressive_generate
     from exactspec.models import encode_prompt, load_model
+    from exactspec.models.llamacpp import target_threads
 
     target = load_model(args.target)
     case = next(p for p in mix.workload_prompts("mix:1") if p.kind == "code-edit")
     ids = encode_prompt(target, case.text, reply_start=case.reply_start, history=case.history)
-    peers = LlamaPeers(gguf_file(target), {}, torch.get_num_threads(), None, None, None)
+    # llama-cpp-python on the target's threads (race_costs left torch on one)
+    peers = LlamaPeers(gguf_file(target), {}, target_threads(), None, None, None)
     def exactspec(temperature: float) -> int:
         out = autoregressive_generate(target, ids, max_new_tokens=args.tokens, seed=0,
                                       temperature=temperature, eos_token_id=[])
@@ -85,7 +89,7 @@ def main() -> None:
 
     runs = {"exactspec": exactspec, "llama-cpp-python": llama_cpp_python}
     for temperature in (0.0, 0.8):
-        outside = {name: [] for name in runs}
+        outside, inside = {name: [] for name in runs}, {name: [] for name in runs}
         for repeat in range(args.passes + 1):  # the first pass warms up
             for name, run in runs.items():
                 spent[0] = 0.0
@@ -93,9 +97,12 @@ def main() -> None:
                 tokens = run(temperature)
                 if repeat:
                     outside[name].append((time.perf_counter() - started - spent[0]) / tokens * 1e3)
+                    inside[name].append(spent[0] / tokens * 1e3)
         print(f"T = {temperature}, {ids.size(1)}-token prompt, {args.tokens} tokens, ms per token outside "
               "llama_decode (median of passes): " + ", ".join(
-                  f"{name} {statistics.median(values):.2f}" for name, values in outside.items()), flush=True)
+                  f"{name} {statistics.median(values):.2f}" for name, values in outside.items())
+              + "; inside it, prefill included: " + ", ".join(
+                  f"{name} {statistics.median(values):.2f}" for name, values in inside.items()), flush=True)
 
 
 if __name__ == "__main__":
