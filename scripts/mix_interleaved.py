@@ -188,12 +188,10 @@ def llama_cpp_plain(target, prompt_cache: bool):
     decoding on the target's GGUF, as the bench's llama.cpp plain row runs it
     (`LlamaPeers.plain`), stopping after an EOS token; prompt_cache: resuming the previous
     generation's KV cache."""
-    import torch
-
     from exactspec.bench.llama_peers import LlamaPeers, sampling_fields
     from exactspec.drafters.llamacpp import gguf_file
 
-    peers = LlamaPeers(gguf_file(target), {}, torch.get_num_threads(), None, None, None)
+    peers = LlamaPeers(gguf_file(target), {}, target.model.n_threads, None, None, None)  # the target's
 
     def generate(prompt, max_new_tokens, seed, eos, temperature):
         return peers.plain(prompt, max_new_tokens, seed, sampling_fields(temperature, None, None),
@@ -207,12 +205,10 @@ class ServerPeer:
     temperature) → tokens, stopping at EOS; `stop`."""
 
     def __init__(self, target, prompt_cache: bool):
-        import torch
-
         from exactspec.bench.llama_peers import find_llama_server
         from exactspec.drafters.llamacpp import gguf_file
 
-        self.binary, self.gguf, self.threads = find_llama_server(), gguf_file(target), torch.get_num_threads()
+        self.binary, self.gguf, self.threads = find_llama_server(), gguf_file(target), target.model.n_threads
         if self.binary is None:
             raise SystemExit("--llama-server: no llama-server (make peers)")
         self.prompt_cache, self.running = prompt_cache, None

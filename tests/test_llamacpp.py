@@ -243,6 +243,26 @@ def test_llama_cpp_plain_decodes_as_exactspecs_llama_cpp_target_does(target):
     assert tokens == plain.sequences[0, ids.size(1):].tolist()
 
 
+@pytest.mark.parametrize("threads", [None, 1])
+def test_bench_runs_a_llama_cpp_target_and_its_peers_on_the_same_threads(threads, monkeypatch):
+    """The bench's llama.cpp peers run on the threads exactspec's llama.cpp target decodes on:
+    $EXACTSPEC_THREADS (here 3) when --threads is not given, else --threads for both (torch's own
+    count is neither's)."""
+    from exactspec.bench.config import BenchConfig
+    from exactspec.bench.run import llama_peers, load_models
+
+    monkeypatch.setenv(runtime.THREADS_ENV, "3")
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the suite keeps its own
+    spec = "llamacpp:smollm2-135m-instruct"
+    config = BenchConfig(target=spec, drafts=["ngram"], threads=threads, peers=False, llama_peers=True)
+    target, _ = load_models(config, {spec: load_model(spec)})
+    peers = llama_peers(config, target, lambda line: None)
+    try:
+        assert target.model.n_threads == peers.threads == (threads or 3)
+    finally:
+        peers.close()
+
+
 def test_llama_cpp_plain_follows_a_json_schema_to_eos(target):
     """The bench's llama.cpp plain row on a json task (`LlamaPeers`): llama.cpp's own grammar from
     the task's schema, greedy, ending at EOS; the output is valid against the schema."""

@@ -87,6 +87,8 @@ def load_models(config: BenchConfig, models: dict | None = None,
         return model, drafter
 
     target = get(config.target)
+    if config.threads and target.backend == "llamacpp":
+        target.model.n_threads = config.threads  # --threads: the llama.cpp target's decodes too
     drafts = {}
     for spec in config.drafts:
         if spec == NGRAM:
@@ -146,7 +148,10 @@ def llama_peers(config: BenchConfig, target, log: Callable[[str], None]):
     server = find_llama_server()
     if server is None:
         log(SERVER_HINT)
-    return LlamaPeers(path, drafts, torch.get_num_threads(), config.top_k, config.top_p, server)
+    # every peer on the threads of exactspec's target: a llama.cpp target's own count
+    # ($EXACTSPEC_THREADS, --threads, else the usable cores), else torch's
+    threads = target.model.n_threads if target.backend == "llamacpp" else torch.get_num_threads()
+    return LlamaPeers(path, drafts, threads, config.top_k, config.top_p, server)
 
 
 def _order(specs: list, k: int) -> list:

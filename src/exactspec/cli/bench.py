@@ -87,7 +87,9 @@ def _timing_options(p) -> None:
                         "prompts): at T > 0 each seed samples another text (default: %(default)s)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cuda when present")
-    p.add_argument("--threads", default=None, help="torch CPU threads (default: torch's own)")
+    p.add_argument("--threads", default=None,
+                   help="CPU threads: torch's, and a llama.cpp target's and its peers' (default: "
+                        "torch's own; a llama.cpp target: $EXACTSPEC_THREADS, else the usable cores)")
     p.add_argument("--background-load", default="0", metavar="N",
                    help="run N busy processes beside the whole run, stopped with it: every row "
                         "measured under the same competing load (default: %(default)s)")
