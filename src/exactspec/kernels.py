@@ -4,6 +4,9 @@ A decode multiplies a few rows x[M, K] by a large weight W[N, K]; on the CPU, to
 be far slower at that shape than the same product turned around, (W @ xᵀ)ᵀ (docs/design.md:
 the faster product). Which wins depends on the BLAS, the CPU, M and the threads, so each is timed.
 Both compute the same sums (float rounding aside), so exactness does not depend on the choice.
+They round differently, though, so once made a shape's choice is kept: a seed names one text,
+and it would not if a layer could change its product between generations (re-timing both every
+so often flipped the bundled model's choices 59 times in 12 generations).
 """
 from __future__ import annotations
 
@@ -19,8 +22,7 @@ from exactspec.threads import size_class
 
 ROWS, COLUMNS = "rows", "columns"  # x @ Wᵀ (torch's own) and (W @ xᵀ)ᵀ
 MAX_ROWS = 64  # beyond this many rows both products are compute-bound alike: torch's own runs
-TRIALS = 3  # timings of each product before a choice, and kept per product afterwards
-RECHECK_EVERY = 256  # calls of a shape between two tries of the product not chosen
+TRIALS = 3  # timings of each product before the choice
 
 
 def rows_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -43,30 +45,24 @@ PRODUCTS = {ROWS: rows_product, COLUMNS: columns_product}
 
 
 class _Shape:
-    """One (weight shape, dtype, size class of the rows, threads): each product's last TRIALS
-    timings in seconds per row, and the faster. Not a `threads.ThreadChoice`: that one ranks its
-    options by their medians at every unit, and a pass calls a layer of each shape dozens of
-    times, so here the choice is made again only when the product not chosen has a new timing."""
+    """One (weight shape, dtype, size class of the rows, threads): each product timed TRIALS
+    times in turn, in seconds per row, as the pass's calls come; then the faster by median, kept.
+    The trials of a size class end within its first pass (a pass calls a layer of each shape
+    dozens of times)."""
 
     def __init__(self):
         self.seconds = {ROWS: [], COLUMNS: []}
         self.best: str | None = None
-        self.calls = 0
 
     def next_product(self) -> str:
-        self.calls += 1
         if self.best is None:  # both tried TRIALS times first, in turn
             return min(self.seconds, key=lambda name: len(self.seconds[name]))
-        if self.calls % RECHECK_EVERY == 0:
-            return ROWS if self.best == COLUMNS else COLUMNS
         return self.best
 
     def record(self, name: str, seconds: float) -> None:
-        recent = self.seconds[name]
-        recent.append(seconds)
-        del recent[:-TRIALS]
-        if self.best is not None and name == self.best:
-            return  # the choice changes only once the other product has been timed again
+        if self.best is not None:
+            return
+        self.seconds[name].append(seconds)
         if all(len(s) >= TRIALS for s in self.seconds.values()):
             self.best = min(self.seconds, key=lambda n: statistics.median(self.seconds[n]))
 
