@@ -5,8 +5,7 @@ be far slower at that shape than the same product turned around, (W @ xᵀ)ᵀ (
 the faster product). Which wins depends on the BLAS, the CPU, M and the threads, so each is timed.
 Both compute the same sums (float rounding aside), so exactness does not depend on the choice.
 They round differently, though, so once made a shape's choice is kept: a seed names one text,
-and it would not if a layer could change its product between generations (re-timing both every
-so often flipped the bundled model's choices 59 times in 12 generations).
+and it would not if a layer could change its product between generations (docs/design.md).
 """
 from __future__ import annotations
 
