@@ -125,6 +125,8 @@ def machine_line(machine: dict) -> str:
         parts.append(f"device {machine['device']} ({machine.get('device_name')})")
     if machine.get("torch_version"):
         parts.append(f"torch {machine['torch_version']} ({machine.get('torch_threads')} threads)")
+    if machine.get("llama_cpp_threads"):
+        parts.append(f"llama.cpp target on {machine['llama_cpp_threads']} threads")
     if machine.get("transformers_version"):
         parts.append(f"transformers {machine['transformers_version']}")
     if machine.get("python_version"):

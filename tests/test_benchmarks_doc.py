@@ -122,6 +122,17 @@ def test_says_what_the_json_lacks(result_file):
     assert "--no-peers" in done.stdout
 
 
+def test_the_machine_line_names_a_llama_cpp_targets_threads(result_file, tmp_path):
+    path, result = result_file
+    assert result["machine"]["llama_cpp_threads"] is None  # a torch target
+    assert "llama.cpp target on" not in run_script(str(path)).stdout
+    other = tmp_path / "llama.json"
+    write_json({**result, "machine": {**result["machine"], "llama_cpp_threads": 2}}, other)
+    done = run_script(str(other))
+    assert done.returncode == 0, done.stderr
+    assert "torch" in done.stdout and "; llama.cpp target on 2 threads;" in done.stdout
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "cannot read the file"),
     ("not json", "not valid JSON"),

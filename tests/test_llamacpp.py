@@ -249,7 +249,7 @@ def test_bench_runs_a_llama_cpp_target_and_its_peers_on_the_same_threads(threads
     $EXACTSPEC_THREADS (here 3) when --threads is not given, else --threads for both (torch's own
     count is neither's)."""
     from exactspec.bench.config import BenchConfig
-    from exactspec.bench.run import llama_peers, load_models
+    from exactspec.bench.run import llama_cpp_threads, llama_peers, load_models
 
     monkeypatch.setenv(runtime.THREADS_ENV, "3")
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the suite keeps its own
@@ -258,7 +258,7 @@ def test_bench_runs_a_llama_cpp_target_and_its_peers_on_the_same_threads(threads
     target, _ = load_models(config, {spec: load_model(spec)})
     peers = llama_peers(config, target, lambda line: None)
     try:
-        assert target.model.n_threads == peers.threads == (threads or 3)
+        assert target.model.n_threads == peers.threads == llama_cpp_threads(target) == (threads or 3)
     finally:
         peers.close()
 

@@ -148,10 +148,14 @@ def llama_peers(config: BenchConfig, target, log: Callable[[str], None]):
     server = find_llama_server()
     if server is None:
         log(SERVER_HINT)
-    # every peer on the threads of exactspec's target: a llama.cpp target's own count
-    # ($EXACTSPEC_THREADS, --threads, else the usable cores), else torch's
-    threads = target.model.n_threads if target.backend == "llamacpp" else torch.get_num_threads()
+    threads = llama_cpp_threads(target) or torch.get_num_threads()  # exactspec's target's
     return LlamaPeers(path, drafts, threads, config.top_k, config.top_p, server)
+
+
+def llama_cpp_threads(target) -> int | None:
+    """The thread count of a llama.cpp target's decodes ($EXACTSPEC_THREADS, --threads, else the
+    usable cores), which its llama.cpp peers run on too; None for a torch target."""
+    return target.model.n_threads if getattr(target, "backend", None) == "llamacpp" else None
 
 
 def _order(specs: list, k: int) -> list:
@@ -164,6 +168,7 @@ def _order(specs: list, k: int) -> list:
 def _run(config, target, drafts, llama, timings, log, started, trace=None) -> dict:
     runner = Runner(target, drafts, config, llama, trace)
     machine = machine_info(runner.device)
+    machine["llama_cpp_threads"] = llama_cpp_threads(target)
     prompt_ids = [encode_prompt(target, p.text, reply_start=p.reply_start, history=p.history)
                   for p in config.prompts]
     if config.oracle:  # before the timings: their references are plain greedy decoding, untimed

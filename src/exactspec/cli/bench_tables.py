@@ -154,7 +154,9 @@ def print_result(result: dict) -> None:
           f"median of {config['repeats']} passes after {config['warmup']} warm-up")
     print(f"machine: {machine['cpu_model']}, {machine['cpu_cores_usable']} cores usable, "
           f"torch {machine['torch_version']} ({machine['torch_threads']} threads), "
-          f"transformers {machine['transformers_version']}, device {machine['device']}; "
+          + (f"llama.cpp target on {machine['llama_cpp_threads']} threads, "
+             if machine.get("llama_cpp_threads") else "")
+          + f"transformers {machine['transformers_version']}, device {machine['device']}; "
           f"load average {machine.get('load_average_start')} -> {machine.get('load_average_end')}"
           + (f"; {config['background_load']} busy process(es) beside every row"
              if config.get("background_load") else ""))
