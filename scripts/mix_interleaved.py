@@ -189,9 +189,10 @@ def llama_cpp_plain(target, prompt_cache: bool):
     (`LlamaPeers.plain`), stopping after an EOS token; prompt_cache: resuming the previous
     generation's KV cache."""
     from exactspec.bench.llama_peers import LlamaPeers, sampling_fields
+    from exactspec.bench.run import llama_cpp_threads
     from exactspec.drafters.llamacpp import gguf_file
 
-    peers = LlamaPeers(gguf_file(target), {}, target.model.n_threads, None, None, None)  # the target's
+    peers = LlamaPeers(gguf_file(target), {}, llama_cpp_threads(target), None, None, None)
 
     def generate(prompt, max_new_tokens, seed, eos, temperature):
         return peers.plain(prompt, max_new_tokens, seed, sampling_fields(temperature, None, None),
@@ -206,9 +207,11 @@ class ServerPeer:
 
     def __init__(self, target, prompt_cache: bool):
         from exactspec.bench.llama_peers import find_llama_server
+        from exactspec.bench.run import llama_cpp_threads
         from exactspec.drafters.llamacpp import gguf_file
 
-        self.binary, self.gguf, self.threads = find_llama_server(), gguf_file(target), target.model.n_threads
+        self.binary, self.gguf = find_llama_server(), gguf_file(target)
+        self.threads = llama_cpp_threads(target)  # the target's
         if self.binary is None:
             raise SystemExit("--llama-server: no llama-server (make peers)")
         self.prompt_cache, self.running = prompt_cache, None

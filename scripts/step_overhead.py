@@ -68,16 +68,16 @@ def main() -> None:
     race_costs()
     from exactspec.bench import mix
     from exactspec.bench.llama_peers import LlamaPeers, sampling_fields
+    from exactspec.bench.run import llama_cpp_threads
     from exactspec.drafters.llamacpp import gguf_file
     from exactspec.engine import autoregressive_generate
     from exactspec.models import encode_prompt, load_model
-    from exactspec.models.llamacpp import target_threads
 
     target = load_model(args.target)
     case = next(p for p in mix.workload_prompts("mix:1") if p.kind == "code-edit")
     ids = encode_prompt(target, case.text, reply_start=case.reply_start, history=case.history)
     # llama-cpp-python on the target's threads (race_costs left torch on one)
-    peers = LlamaPeers(gguf_file(target), {}, target_threads(), None, None, None)
+    peers = LlamaPeers(gguf_file(target), {}, llama_cpp_threads(target), None, None, None)
     def exactspec(temperature: float) -> int:
         out = autoregressive_generate(target, ids, max_new_tokens=args.tokens, seed=0,
                                       temperature=temperature, eos_token_id=[])
