@@ -245,20 +245,22 @@ def test_llama_cpp_plain_decodes_as_exactspecs_llama_cpp_target_does(target):
 
 @pytest.mark.parametrize("threads", [None, 1])
 def test_bench_runs_a_llama_cpp_target_and_its_peers_on_the_same_threads(threads, monkeypatch):
-    """The bench's llama.cpp peers run on the threads exactspec's llama.cpp target decodes on:
-    $EXACTSPEC_THREADS (here 3) when --threads is not given, else --threads for both (torch's own
-    count is neither's)."""
+    """The bench's llama.cpp peers and llama.cpp draft run on the threads exactspec's llama.cpp
+    target decodes on, every decode: $EXACTSPEC_THREADS (here 3) when --threads is not given,
+    else --threads for all (torch's own count is none's)."""
     from exactspec.bench.config import BenchConfig
     from exactspec.bench.run import llama_cpp_threads, llama_peers, load_models
 
     monkeypatch.setenv(runtime.THREADS_ENV, "3")
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the suite keeps its own
     spec = "llamacpp:smollm2-135m-instruct"
-    config = BenchConfig(target=spec, drafts=["ngram"], threads=threads, peers=False, llama_peers=True)
-    target, _ = load_models(config, {spec: load_model(spec)})
+    config = BenchConfig(target=spec, drafts=["ngram", "llamacpp"], threads=threads, peers=False,
+                         llama_peers=True)
+    target, drafts = load_models(config, {spec: load_model(spec)})
     peers = llama_peers(config, target, lambda line: None)
     try:
         assert target.model.n_threads == peers.threads == llama_cpp_threads(target) == (threads or 3)
+        assert (drafts["llamacpp"].n_threads, drafts["llamacpp"].threads) == (threads or 3, None)
     finally:
         peers.close()
 

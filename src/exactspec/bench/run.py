@@ -61,6 +61,7 @@ def load_models(config: BenchConfig, models: dict | None = None,
     of its own) is loaded once."""
     from exactspec.drafters import (AutoDrafter, is_llamacpp_spec, make_drafter, model_drafter,
                                     other_vocabulary_drafter, other_vocabulary_method)
+    from exactspec.drafters.llamacpp import LlamaCppDrafter
     from exactspec.models import load_model
 
     config.check()
@@ -80,6 +81,9 @@ def load_models(config: BenchConfig, models: dict | None = None,
             drafter = (make_drafter(spec, target=target) if is_llamacpp_spec(spec)
                        else other_vocabulary_drafter(spec, target, load=get))
             drafter.bind(target, 1)
+            inner = getattr(drafter, "inner", drafter)  # a vocabulary map's llama.cpp draft
+            if config.threads and isinstance(inner, LlamaCppDrafter):
+                inner.run_on(config.threads)  # --threads: a llama.cpp draft's decodes too
             return drafter, drafter
         model = get(spec)
         drafter = model_drafter(model, target)  # through the intersection if the vocabularies differ

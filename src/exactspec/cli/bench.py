@@ -88,7 +88,7 @@ def _timing_options(p) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cuda when present")
     p.add_argument("--threads", default=None,
-                   help="CPU threads: torch's, and a llama.cpp target's and its peers' (default: "
+                   help="CPU threads: torch's, and a llama.cpp target's, draft's and peers' (default: "
                         "torch's own; a llama.cpp target: $EXACTSPEC_THREADS, else the usable cores)")
     p.add_argument("--background-load", default="0", metavar="N",
                    help="run N busy processes beside the whole run, stopped with it: every row "

@@ -64,6 +64,10 @@ class LlamaCppDrafter(Drafter):
         self.rows, self.device = None, torch.device("cpu")
         self.catch_up = (0.0, 0)  # (seconds, decodes) of the last proposal's catch-up (see propose)
 
+    def run_on(self, n_threads: int) -> None:
+        """Every decode from the next generation on n_threads (bench --threads), chosen by none."""
+        self.n_threads, self.threads = n_threads, None
+
     calls = property(lambda self: self.rows.calls if self.rows else 0)
     tokens_fed = property(lambda self: self.rows.tokens_fed if self.rows else 0)
     padding_fed = 0  # sequences need no padding
