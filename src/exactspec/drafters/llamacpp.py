@@ -65,7 +65,8 @@ class LlamaCppDrafter(Drafter):
         self.catch_up = (0.0, 0)  # (seconds, decodes) of the last proposal's catch-up (see propose)
 
     def run_on(self, n_threads: int) -> None:
-        """Every decode from the next generation on n_threads (bench --threads), chosen by none."""
+        """Every decode from the next generation on runs on n_threads (bench --threads), not a count
+        chosen per decode."""
         self.n_threads, self.threads = n_threads, None
 
     calls = property(lambda self: self.rows.calls if self.rows else 0)
